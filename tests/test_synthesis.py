@@ -1,0 +1,93 @@
+"""Rendering through the real bundled voices (Piper joe, hibari heart) and the sentence cache."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile
+
+from tts_bridge.cache import SentenceCache
+from tts_bridge.config import Settings, load_settings
+from tts_bridge.engines.registry import EnginePool, UnknownVoiceError
+from tts_bridge.synthesis import RequestError, Synthesizer
+
+
+@pytest.fixture(scope="module")
+def settings(tmp_path_factory: pytest.TempPathFactory) -> Settings:
+    tmp = tmp_path_factory.mktemp("synth")
+    return load_settings(
+        None, {"cache": {"dir": str(tmp / "cache")}, "synthesis": {"onnx_threads": 1}}, environ={}
+    )
+
+
+@pytest.fixture(scope="module")
+def synth(settings: Settings) -> Synthesizer:
+    return Synthesizer(settings, EnginePool(settings), SentenceCache(settings.cache))
+
+
+def _read(wav: bytes) -> tuple[np.ndarray, int]:
+    data, rate = soundfile.read(io.BytesIO(wav), dtype="int16")
+    return data, rate
+
+
+@pytest.mark.parametrize(("voice", "rate"), [("joe", 22050), ("heart", 24000)])
+def test_voices_speak_and_cache(synth: Synthesizer, voice: str, rate: int) -> None:
+    text = f"The washing machine has finished. Voice {voice} says hello."
+    first = synth.render(text, voice)
+    audio, sample_rate = _read(first.wav)
+    assert sample_rate == rate == first.sample_rate
+    assert audio.ndim == 1
+    assert 2.0 < len(audio) / rate < 8.0, "length should fit about ten words"
+    assert np.abs(audio).max() > 1000, "real speech, not silence"
+    assert first.sentences == 2 and first.cached_sentences == 0
+    again = synth.render(text, voice)
+    assert again.cached and again.wav == first.wav
+    # A new message made of a known sentence reuses it.
+    mixed = synth.render("The washing machine has finished. Something new.", voice)
+    assert (mixed.sentences, mixed.cached_sentences) == (2, 1)
+
+
+def test_model_is_loaded_only_on_a_miss(settings: Settings, tmp_path: Path) -> None:
+    warm = Synthesizer(settings, EnginePool(settings), SentenceCache(settings.cache))
+    warm.render("Only a cache hit later.", "heart")
+    warm.cache.close()
+    cold_pool = EnginePool(settings)
+    cold = Synthesizer(settings, cold_pool, SentenceCache(settings.cache))
+    assert cold.render("Only a cache hit later.", "heart").cached
+    assert cold_pool.loaded() == []
+
+
+def test_refusals(synth: Synthesizer) -> None:
+    with pytest.raises(UnknownVoiceError):
+        synth.render("Hello.", "nobody")
+    with pytest.raises(RequestError) as caught:
+        synth.render("客厅温度很高。", "joe")
+    assert caught.value.code == "unsupported_language"
+    with pytest.raises(RequestError) as caught:
+        synth.render("Hello.", "joe", lang="zh")
+    assert caught.value.code == "unsupported_language"
+
+
+def test_say_command_writes_a_wav(tmp_path: Path) -> None:
+    out = tmp_path / "out.wav"
+    cmd = [sys.executable, "-m", "tts_bridge", "say", "Dinner is ready.", "-o", str(out)]
+    cmd += ["--voice", "heart", "--cache-dir", str(tmp_path / "cache")]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    audio, rate = soundfile.read(out)
+    assert rate == 24000 and 0.5 < len(audio) / rate < 3.0
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
+    assert "1/1 sentences from the cache" in again.stdout
+    bad = subprocess.run(
+        [*cmd[:4], "🎉", "-o", str(tmp_path / "x.wav"), "--cache-dir", str(tmp_path / "c")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert bad.returncode == 1 and "nothing_speakable" in bad.stderr

@@ -1,0 +1,3 @@
+from tts_bridge.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,194 @@
+"""Command line: run, say, cache, voices, bench. Only argument parsing and start-up live here."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from tts_bridge import __version__
+from tts_bridge.config import ConfigError, Settings, load_settings
+
+_LOGGER = logging.getLogger(__name__)
+
+EXIT_CONFIG = 2
+
+
+def _setup_logging(settings: Settings | None, debug: bool) -> None:
+    level = "DEBUG" if debug else (settings.logging.level if settings else "INFO")
+    logging.basicConfig(
+        level=level,
+        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
+        stream=sys.stderr,
+        force=True,
+    )
+    if not debug:  # paho and piper are chatty at DEBUG; keep them quiet unless asked
+        for noisy in ("piper", "hibari"):
+            logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def _flag_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    mqtt: dict[str, Any] = {}
+    if getattr(args, "host", None):
+        mqtt["host"] = args.host
+    if getattr(args, "port", None):
+        mqtt["port"] = args.port
+    overrides: dict[str, Any] = {"mqtt": mqtt} if mqtt else {}
+    if getattr(args, "cache_dir", None):
+        overrides["cache"] = {"dir": args.cache_dir}
+    return overrides
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    return load_settings(args.config, _flag_overrides(args))
+
+
+def _build_synthesizer(settings: Settings) -> Any:
+    from tts_bridge.cache import SentenceCache
+    from tts_bridge.engines.registry import EnginePool
+    from tts_bridge.synthesis import Synthesizer
+
+    return Synthesizer(settings, EnginePool(settings), SentenceCache(settings.cache))
+
+
+def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
+    from tts_bridge.bridge import Bridge
+
+    bridge = Bridge(settings, _build_synthesizer(settings))
+    stop = threading.Event()
+
+    def _on_signal(signum: int, frame: FrameType | None) -> None:
+        _LOGGER.info("Received %s", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGINT, _on_signal)
+    _LOGGER.info(
+        "tts_bridge %s: base topic %r, voices %s (default %s), cache %s",
+        __version__,
+        settings.mqtt.base_topic,
+        ", ".join(settings.voices),
+        settings.default_voice,
+        settings.cache.dir,
+    )
+    bridge.start()
+    while not stop.wait(1.0):
+        pass
+    bridge.stop()
+    return 0
+
+
+def cmd_say(args: argparse.Namespace, settings: Settings) -> int:
+    from tts_bridge.engines.registry import UnknownVoiceError
+    from tts_bridge.synthesis import RequestError
+
+    text = args.text if args.text != "-" else sys.stdin.read()
+    synth = _build_synthesizer(settings)
+    try:
+        rendering = synth.render(text, args.voice, use_cache=not args.no_cache, lang=args.lang)
+    except RequestError as exc:
+        print(f"error ({exc.code}): {exc}", file=sys.stderr)
+        return 1
+    except UnknownVoiceError as exc:
+        print(f"error (unknown_voice): {exc.args[0]}", file=sys.stderr)
+        return 1
+    finally:
+        synth.cache.close()
+    args.output.write_bytes(rendering.wav)
+    print(
+        f"{args.output}: {rendering.duration_ms} ms, {rendering.sample_rate} Hz, voice "
+        f"{rendering.voice} ({rendering.engine}), {rendering.cached_sentences}/"
+        f"{rendering.sentences} sentences from the cache"
+    )
+    return 0
+
+
+def cmd_cache(args: argparse.Namespace, settings: Settings) -> int:
+    from tts_bridge.cache import SentenceCache
+
+    cache = SentenceCache(settings.cache)
+    try:
+        if args.action == "clear":
+            removed = cache.clear()
+            print(f"removed {removed} entries from {cache.directory}")
+        else:
+            print(json.dumps(cache.stats(), indent=2))
+    finally:
+        cache.close()
+    return 0
+
+
+def cmd_voices(args: argparse.Namespace, settings: Settings) -> int:
+    from tts_bridge.engines.registry import EnginePool
+
+    pool = EnginePool(settings)
+    for voice in pool:
+        mark = "*" if voice.name == settings.default_voice else " "
+        print(
+            f"{mark} {voice.name:<12} {voice.engine.name:<8} {voice.engine.tier:<8} "
+            f"{','.join(sorted(voice.engine.languages)):<6} {voice.engine.sample_rate:>6} Hz  "
+            f"{voice.engine.identity}"
+        )
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
+    from tts_bridge.bench import run_bench
+
+    return int(run_bench(settings, args))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tts-bridge", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"tts-bridge {__version__}")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--config", type=Path, help="YAML settings file")
+    common.add_argument("--debug", action="store_true", help="log at DEBUG level")
+    common.add_argument("--cache-dir", type=Path, help="override cache.dir")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", parents=[common], help="run the MQTT bridge")
+    run.add_argument("--host", help="override mqtt.host")
+    run.add_argument("--port", type=int, help="override mqtt.port")
+    run.set_defaults(func=cmd_run)
+
+    say = sub.add_parser("say", parents=[common], help="synthesize offline to a WAV file")
+    say.add_argument("text", help="text to speak ('-' reads standard input)")
+    say.add_argument("-o", "--output", type=Path, required=True, help="WAV file to write")
+    say.add_argument("--voice", help="voice name (default: default_voice)")
+    say.add_argument("--lang", help="language of the text (e.g. en, zh)")
+    say.add_argument("--no-cache", action="store_true", help="neither read nor write the cache")
+    say.set_defaults(func=cmd_say)
+
+    cache = sub.add_parser("cache", parents=[common], help="show or clear the sentence cache")
+    cache.add_argument("action", choices=["stats", "clear"])
+    cache.set_defaults(func=cmd_cache)
+
+    voices = sub.add_parser("voices", parents=[common], help="list the configured voices")
+    voices.set_defaults(func=cmd_voices)
+
+    bench = sub.add_parser("bench", parents=[common], help="measure engines and cache latency")
+    bench.add_argument("--requests", type=int, default=200, help="cache-hit requests over MQTT")
+    bench.add_argument("--out", type=Path, default=Path("bench/results/bench.json"))
+    bench.add_argument("--skip-mqtt", action="store_true", help="only the engine measurements")
+    bench.set_defaults(func=cmd_bench)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        settings = _settings(args)
+    except ConfigError as exc:
+        print(f"tts-bridge: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    _setup_logging(settings, args.debug)
+    return int(args.func(args, settings))

@@ -1,0 +1,249 @@
+"""One validated settings object: YAML file, then TTS_BRIDGE_* environment, then command-line flags.
+
+Environment overrides use a double underscore between levels, e.g. ``TTS_BRIDGE_MQTT__HOST=broker``
+or ``TTS_BRIDGE_LIMITS__MAX_TEXT_CHARS=500``. Values are parsed as YAML scalars, so numbers and
+booleans work as expected.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+_LOGGER = logging.getLogger(__name__)
+
+ENV_PREFIX = "TTS_BRIDGE_"
+NAME_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
+_NAME_RE = re.compile(NAME_PATTERN)
+
+
+def _xdg(kind: str, fallback: str) -> Path:
+    base = os.environ.get(kind)
+    return Path(base) if base else Path.home() / fallback
+
+
+def default_cache_dir() -> Path:
+    return _xdg("XDG_CACHE_HOME", ".cache") / "tts_bridge"
+
+
+def default_data_dir() -> Path:
+    return _xdg("XDG_DATA_HOME", ".local/share") / "tts_bridge"
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_default=True)
+
+
+class MqttSettings(_Section):
+    host: str = "127.0.0.1"
+    """Broker host name or address."""
+    port: int = Field(1883, ge=1, le=65535)
+    """Broker port."""
+    base_topic: str = "tts_bridge"
+    """Prefix of every topic the bridge uses."""
+    client_id: str = "tts_bridge"
+    """MQTT client id; fixed so the broker can keep the bridge's session."""
+    username: str | None = None
+    """User name for the broker (optional)."""
+    password: str | None = Field(None, repr=False)
+    """Password for the broker (optional, never logged)."""
+    keepalive_s: int = Field(60, ge=5, le=3600)
+    """MQTT keepalive interval."""
+    audio_expiry_s: int = Field(300, ge=0)
+    """Message expiry on audio messages, so a stale announcement does not play later (0 = none)."""
+    reconnect_max_delay_s: int = Field(30, ge=1, le=600)
+    """Upper bound of the reconnect backoff."""
+
+    @field_validator("base_topic")
+    @classmethod
+    def _check_base_topic(cls, value: str) -> str:
+        value = value.strip("/")
+        if not value or any(c in value for c in "+#\x00") or value.startswith("$"):
+            raise ValueError("must be a non-empty topic without wildcards, NUL or a leading '$'")
+        return value
+
+
+class CacheSettings(_Section):
+    dir: Path = Field(default_factory=default_cache_dir)
+    """Folder of the sentence cache (created 0700)."""
+    max_mb: int = Field(512, ge=1)
+    """Upper bound of the cache on disk; the least recently used sentences go first."""
+    enabled: bool = True
+    """Turn the cache off entirely (every sentence is synthesized)."""
+
+    @field_validator("dir")
+    @classmethod
+    def _expand(cls, value: Path) -> Path:
+        return value.expanduser()
+
+
+class ModelsSettings(_Section):
+    dir: Path = Field(default_factory=lambda: default_data_dir() / "models")
+    """Folder for model files that do not come with a Python package."""
+
+    @field_validator("dir")
+    @classmethod
+    def _expand(cls, value: Path) -> Path:
+        return value.expanduser()
+
+
+class LimitsSettings(_Section):
+    max_text_chars: int = Field(1000, ge=1, le=100_000)
+    """Longest text accepted in one request (characters after cleaning)."""
+    max_payload_bytes: int = Field(16_384, ge=64, le=10_000_000)
+    """Largest request payload accepted."""
+    max_json_depth: int = Field(8, ge=1, le=64)
+    """Deepest JSON nesting accepted in a request."""
+    max_queue: int = Field(64, ge=1, le=100_000)
+    """Requests waiting for synthesis before new ones are refused with 'busy'."""
+
+
+class SynthesisSettings(_Section):
+    workers: int = Field(1, ge=1, le=16)
+    """Synthesis threads; one at a time is right on small machines."""
+    onnx_threads: int = Field(0, ge=0, le=64)
+    """onnxruntime intra-op threads per engine (0 = one per usable core)."""
+    sentence_pause_ms: int = Field(250, ge=0, le=5000)
+    """Silence placed between sentences when a message is assembled."""
+
+
+class VoiceSettings(_Section):
+    engine: Literal["piper", "hibari"]
+    """Which engine speaks this voice."""
+    model: Path | None = None
+    """Model file; empty means the model bundled with the engine's Python package."""
+    speaker: str | None = None
+    """Engine voice or speaker name (hibari: only the bundled 'heart' exists offline)."""
+    speed: float = Field(1.0, ge=0.5, le=2.0)
+    """Speaking rate, 1.0 = the model's own pace."""
+    description: str = ""
+    """Free text shown in bridge/info."""
+
+
+def _default_voices() -> dict[str, VoiceSettings]:
+    return {
+        "joe": VoiceSettings(engine="piper", description="Piper en_US joe medium (22.05 kHz)"),
+        "heart": VoiceSettings(engine="hibari", description="hibari heart, INT8 ONNX (24 kHz)"),
+    }
+
+
+class LoggingSettings(_Section):
+    level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    """Log level; --debug overrides it."""
+
+
+class Settings(_Section):
+    """Everything the bridge reads at start-up, validated once and passed down."""
+
+    mqtt: MqttSettings = Field(default_factory=MqttSettings)
+    cache: CacheSettings = Field(default_factory=CacheSettings)
+    models: ModelsSettings = Field(default_factory=ModelsSettings)
+    limits: LimitsSettings = Field(default_factory=LimitsSettings)
+    synthesis: SynthesisSettings = Field(default_factory=SynthesisSettings)
+    voices: dict[str, VoiceSettings] = Field(default_factory=_default_voices)
+    default_voice: str = "joe"
+    logging: LoggingSettings = Field(default_factory=LoggingSettings)
+
+    @field_validator("voices")
+    @classmethod
+    def _check_voice_names(cls, voices: dict[str, VoiceSettings]) -> dict[str, VoiceSettings]:
+        for name in voices:
+            if not _NAME_RE.match(name):
+                raise ValueError(f"voice name {name!r} must match {NAME_PATTERN}")
+        if not voices:
+            raise ValueError("at least one voice is needed")
+        return voices
+
+    @model_validator(mode="after")
+    def _check_default_voice(self) -> Settings:
+        if self.default_voice not in self.voices:
+            raise ValueError(
+                f"default_voice {self.default_voice!r} is not one of the voices: "
+                + ", ".join(sorted(self.voices))
+            )
+        return self
+
+
+class ConfigError(Exception):
+    """The configuration cannot be used; the message names the key."""
+
+
+def _env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
+    tree: dict[str, Any] = {}
+    for name, raw in environ.items():
+        if not name.startswith(ENV_PREFIX) or name == ENV_PREFIX + "CONFIG":
+            continue
+        path = [p.lower() for p in name[len(ENV_PREFIX) :].split("__") if p]
+        if not path:
+            continue
+        node = tree
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"{name}: conflicts with another TTS_BRIDGE_ variable")
+        try:
+            node[path[-1]] = yaml.safe_load(raw) if raw != "" else None
+        except yaml.YAMLError:
+            node[path[-1]] = raw
+    return tree
+
+
+def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in over.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _describe(error: ValidationError) -> str:
+    lines = []
+    for item in error.errors():
+        key = ".".join(str(p) for p in item["loc"]) or "(top level)"
+        msg = item["msg"]
+        if item["type"] == "extra_forbidden":
+            msg = "unknown key"
+        lines.append(f"{key}: {msg}")
+    return "; ".join(lines)
+
+
+def load_settings(
+    path: Path | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> Settings:
+    """Build the settings from a YAML file, the environment and flag overrides (in that order)."""
+    data: dict[str, Any] = {}
+    environ = os.environ if environ is None else environ
+    if path is None and environ.get(ENV_PREFIX + "CONFIG"):
+        path = Path(environ[ENV_PREFIX + "CONFIG"])
+    if path is not None:
+        try:
+            loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise ConfigError(f"cannot read config file {path}: {exc.strerror or exc}") from exc
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config file {path} is not valid YAML: {exc}") from exc
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"config file {path}: the top level must be a mapping of keys")
+        data = loaded
+    data = _merge(data, _env_overrides(environ))
+    data = _merge(data, overrides or {})
+    try:
+        settings = Settings.model_validate(data)
+    except ValidationError as exc:
+        where = f" in {path}" if path else ""
+        raise ConfigError(f"invalid configuration{where}: {_describe(exc)}") from exc
+    _LOGGER.debug("Settings loaded from %s", path or "defaults")
+    return settings

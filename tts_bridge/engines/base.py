@@ -1,0 +1,71 @@
+"""The Engine protocol every speech backend implements.
+
+An engine is created cheaply (no model in memory), reports an identity that includes the hash of
+its model files (the identity goes into cache keys, so a changed model never serves stale audio),
+loads lazily and can be unloaded. ``synthesize`` yields float32 mono chunks at ``sample_rate``.
+Engines import their runtime (onnxruntime, torch) inside ``load`` so that importing this package
+never pulls in a heavy runtime.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Literal, Protocol, runtime_checkable
+
+import numpy as np
+import numpy.typing as npt
+
+Tier = Literal["quality", "fast"]
+FloatAudio = npt.NDArray[np.float32]
+
+
+@dataclass(frozen=True)
+class SynthesisOptions:
+    """Per-request synthesis options that change the audio (they are part of the cache key)."""
+
+    speed: float = 1.0
+    """Speaking rate; 1.0 is the model's own pace."""
+
+    def cache_fields(self) -> dict[str, object]:
+        return {"speed": round(self.speed, 3)}
+
+
+class EngineError(Exception):
+    """An engine cannot load or synthesize; the message is safe to show to a user."""
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """What the bridge needs from a speech backend."""
+
+    name: str
+    """Engine kind, e.g. 'piper'."""
+    tier: Tier
+    """The tier this engine serves by default."""
+    languages: frozenset[str]
+    """Language codes this engine speaks (e.g. {'en'})."""
+
+    @property
+    def sample_rate(self) -> int: ...
+
+    @property
+    def identity(self) -> str:
+        """Stable string naming the engine, model and the model files' hash."""
+        ...
+
+    @property
+    def loaded(self) -> bool: ...
+
+    def load(self) -> None: ...
+
+    def synthesize(
+        self, text: str, speaker: str | None, options: SynthesisOptions
+    ) -> Iterator[FloatAudio]:
+        """Speak one sentence as a speaker of this engine (None = its default).
+
+        Yields float32 mono chunks in [-1, 1]; called only from synthesis threads.
+        """
+        ...
+
+    def unload(self) -> None: ...

@@ -1,0 +1,226 @@
+"""The bridge's MQTT 5 connection (paho-mqtt 2.x): Last Will, reconnect, subscriptions.
+
+paho runs its network loop on its own thread and silently stops that loop when a callback raises,
+so every callback here catches everything and logs it. The message handler must only parse and
+enqueue: inference never runs on the network thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import paho.mqtt.client as mqtt
+from paho.mqtt.enums import CallbackAPIVersion
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+from paho.mqtt.reasoncodes import ReasonCode
+
+from tts_bridge.config import MqttSettings
+
+_LOGGER = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class IncomingMessage:
+    """What the bridge needs of a received message, detached from paho's objects."""
+
+    topic: str
+    payload: bytes
+    response_topic: str | None
+    correlation_data: bytes | None
+    duplicate: bool
+
+
+@dataclass(frozen=True)
+class OutgoingMessage:
+    topic: str
+    payload: bytes
+    qos: int = 1
+    retain: bool = False
+    content_type: str | None = None
+    correlation_data: bytes | None = None
+    user_properties: Sequence[tuple[str, str]] = ()
+    expiry_s: int | None = None
+
+    def properties(self) -> Properties | None:
+        props = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
+        used = False
+        if self.content_type:
+            props.ContentType = self.content_type
+            used = True
+        if self.correlation_data is not None:
+            props.CorrelationData = self.correlation_data
+            used = True
+        if self.user_properties:
+            props.UserProperty = list(self.user_properties)
+            used = True
+        if self.expiry_s:
+            props.MessageExpiryInterval = self.expiry_s
+            used = True
+        return props if used else None
+
+
+class MqttConnection:
+    """Connects, keeps reconnecting with backoff, and (re)subscribes on every connect."""
+
+    def __init__(
+        self,
+        settings: MqttSettings,
+        subscriptions: Sequence[str],
+        will: OutgoingMessage,
+        on_message: Callable[[IncomingMessage], None],
+        on_connected: Callable[[], None],
+    ) -> None:
+        self._settings = settings
+        self._subscriptions = list(subscriptions)
+        self._on_message = on_message
+        self._on_connected = on_connected
+        self.connected = threading.Event()
+        client = mqtt.Client(
+            CallbackAPIVersion.VERSION2,
+            client_id=settings.client_id,
+            protocol=mqtt.MQTTv5,
+            reconnect_on_failure=True,
+        )
+        if settings.username is not None:
+            client.username_pw_set(settings.username, settings.password)
+        client.will_set(will.topic, will.payload, qos=will.qos, retain=will.retain)
+        client.reconnect_delay_set(min_delay=1, max_delay=settings.reconnect_max_delay_s)
+        client.on_connect = self._handle_connect
+        client.on_disconnect = self._handle_disconnect
+        client.on_message = self._handle_message
+        client.on_subscribe = self._handle_subscribe
+        client.on_socket_open = self._handle_socket_open
+        self._client = client
+
+    def start(self) -> None:
+        _LOGGER.info(
+            "Connecting to mqtt://%s:%d as %s",
+            self._settings.host,
+            self._settings.port,
+            self._settings.client_id,
+        )
+        self._client.connect_async(
+            self._settings.host, self._settings.port, keepalive=self._settings.keepalive_s
+        )
+        self._client.loop_start()
+
+    def stop(self, final: OutgoingMessage | None = None, timeout_s: float = 5.0) -> None:
+        """Publish a last message (the offline state) and disconnect cleanly."""
+        if final is not None and self.connected.is_set():
+            info = self.publish(final)
+            if info is not None:
+                try:
+                    info.wait_for_publish(timeout_s)
+                except (RuntimeError, ValueError) as exc:
+                    _LOGGER.warning("Could not publish %s before exit: %s", final.topic, exc)
+        self._client.disconnect()
+        self._client.loop_stop()
+
+    def publish(self, message: OutgoingMessage) -> mqtt.MQTTMessageInfo | None:
+        """Queue a message for sending; paho buffers it while disconnected (QoS >= 1)."""
+        try:
+            info = self._client.publish(
+                message.topic,
+                message.payload,
+                qos=message.qos,
+                retain=message.retain,
+                properties=message.properties(),
+            )
+        except (ValueError, OSError) as exc:
+            _LOGGER.error("Publish to %s failed: %s", message.topic, exc)
+            return None
+        if info.rc not in (mqtt.MQTT_ERR_SUCCESS, mqtt.MQTT_ERR_NO_CONN):
+            _LOGGER.error("Publish to %s failed: %s", message.topic, mqtt.error_string(info.rc))
+        return info
+
+    # paho callbacks: each one must never raise (paho would stop its network loop).
+
+    def _handle_connect(
+        self,
+        client: mqtt.Client,
+        userdata: Any,
+        flags: mqtt.ConnectFlags,
+        reason: ReasonCode,
+        properties: Properties | None,
+    ) -> None:
+        try:
+            if reason.is_failure:
+                _LOGGER.error(
+                    "Broker %s:%d refused the connection: %s",
+                    self._settings.host,
+                    self._settings.port,
+                    reason.getName(),
+                )
+                return
+            _LOGGER.info("Connected to the broker (session present: %s)", flags.session_present)
+            for topic in self._subscriptions:
+                client.subscribe(topic, qos=1)
+            self.connected.set()
+            self._on_connected()
+        except Exception:
+            _LOGGER.exception("Error while handling the connection")
+
+    def _handle_socket_open(self, client: mqtt.Client, userdata: Any, sock: Any) -> None:
+        # Without TCP_NODELAY, Nagle's algorithm and the peer's delayed ACK hold a small packet
+        # that follows a large WAV for ~40 ms per hop (the bench shows it; the broker needs
+        # `set_tcp_nodelay true` too for cache hits in a few milliseconds).
+        try:
+            if isinstance(sock, socket.socket) and sock.family in (socket.AF_INET, socket.AF_INET6):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except OSError as exc:
+            _LOGGER.debug("TCP_NODELAY not set: %s", exc)
+
+    def _handle_disconnect(
+        self,
+        client: mqtt.Client,
+        userdata: Any,
+        flags: mqtt.DisconnectFlags,
+        reason: ReasonCode,
+        properties: Properties | None,
+    ) -> None:
+        self.connected.clear()
+        try:
+            if reason.is_failure:
+                _LOGGER.warning("Disconnected from the broker: %s; reconnecting", reason.getName())
+            else:
+                _LOGGER.info("Disconnected from the broker")
+        except Exception:
+            _LOGGER.exception("Error while handling a disconnect")
+
+    def _handle_subscribe(
+        self,
+        client: mqtt.Client,
+        userdata: Any,
+        mid: int,
+        reasons: list[ReasonCode],
+        properties: Properties | None,
+    ) -> None:
+        try:
+            for reason in reasons:
+                if reason.is_failure:
+                    _LOGGER.error("Subscription refused by the broker: %s", reason.getName())
+        except Exception:
+            _LOGGER.exception("Error while handling a subscription")
+
+    def _handle_message(self, client: mqtt.Client, userdata: Any, msg: mqtt.MQTTMessage) -> None:
+        try:
+            props = getattr(msg, "properties", None)
+            response_topic = getattr(props, "ResponseTopic", None) if props else None
+            correlation = getattr(props, "CorrelationData", None) if props else None
+            self._on_message(
+                IncomingMessage(
+                    topic=msg.topic,
+                    payload=bytes(msg.payload),
+                    response_topic=response_topic or None,
+                    correlation_data=bytes(correlation) if correlation is not None else None,
+                    duplicate=bool(msg.dup),
+                )
+            )
+        except Exception:
+            _LOGGER.exception("Error while handling a message on %s", getattr(msg, "topic", "?"))

@@ -1,0 +1,181 @@
+"""Topics and payloads of the bridge's MQTT contract; pure functions, no network."""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
+
+from tts_bridge.config import LimitsSettings
+
+DEFAULT_TARGET = "default"
+_TARGET_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+_LANG_RE = re.compile(r"^[a-z]{2,3}([-_][A-Za-z]{2,4})?$")
+
+
+@dataclass(frozen=True)
+class Topics:
+    """Every topic derived from the base topic."""
+
+    base: str
+
+    @property
+    def say(self) -> str:
+        return f"{self.base}/say"
+
+    @property
+    def say_targets(self) -> str:
+        return f"{self.base}/say/+"
+
+    @property
+    def state(self) -> str:
+        return f"{self.base}/bridge/state"
+
+    @property
+    def info(self) -> str:
+        return f"{self.base}/bridge/info"
+
+    def audio(self, target: str) -> str:
+        return f"{self.base}/audio/{target}"
+
+    def response(self, name: str) -> str:
+        return f"{self.base}/bridge/response/{name}"
+
+    def target_of(self, topic: str) -> str | None:
+        """The target of a say topic ('default' for <base>/say); None if not a say topic."""
+        if topic == self.say:
+            return DEFAULT_TARGET
+        prefix = self.say + "/"
+        if topic.startswith(prefix):
+            return topic[len(prefix) :]
+        return None
+
+
+class ProtocolError(Exception):
+    """A request that is refused; carries the machine code and the request id if known."""
+
+    def __init__(self, code: str, message: str, request_id: str | int | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.request_id = request_id
+
+
+class SayPayload(BaseModel):
+    """The JSON form of a say request (strict: a number is not text, unknown keys are refused)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    text: StrictStr
+    id: StrictStr | StrictInt | None = Field(None)
+    voice: StrictStr | None = None
+    lang: StrictStr | None = None
+    cache: StrictBool = True
+
+
+@dataclass(frozen=True)
+class SayRequest:
+    """A parsed, valid say request."""
+
+    id: str | int
+    text: str
+    target: str
+    voice: str | None
+    lang: str | None
+    use_cache: bool
+
+
+def new_id() -> str:
+    return uuid.uuid4().hex
+
+
+def _depth(value: Any) -> int:
+    """Nesting depth of parsed JSON, iteratively (a hostile payload must not recurse deeply)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        node, level = stack.pop()
+        deepest = max(deepest, level)
+        if isinstance(node, dict):
+            stack.extend((v, level + 1) for v in node.values())
+        elif isinstance(node, list):
+            stack.extend((v, level + 1) for v in node)
+    return deepest
+
+
+def _first_error(error: ValidationError) -> str:
+    item = error.errors()[0]
+    # Only the field name: union members ('id.str') mean nothing to a user.
+    where = str(item["loc"][0]) if item["loc"] else "payload"
+    if item["type"] == "extra_forbidden":
+        return f"unknown field {where!r}"
+    if item["type"] == "missing":
+        return f"field {where!r} is required"
+    return f"field {where!r}: {item['msg']}"
+
+
+def parse_say(target: str, payload: bytes, limits: LimitsSettings) -> SayRequest:
+    """Turn a raw say payload into a request, or raise ProtocolError with a readable reason."""
+    if not _TARGET_RE.match(target):
+        raise ProtocolError("invalid_target", "target must be 1-64 letters, digits, '_' or '-'")
+    if len(payload) > limits.max_payload_bytes:
+        raise ProtocolError(
+            "payload_too_large",
+            f"payload has {len(payload)} bytes; the limit is {limits.max_payload_bytes}",
+        )
+    try:
+        text = payload.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ProtocolError(
+            "invalid_utf8", f"payload is not valid UTF-8 (byte {exc.start})"
+        ) from None
+    stripped = text.lstrip()
+    if not stripped.startswith(("{", "[")):
+        return SayRequest(new_id(), text, target, None, None, True)
+    try:
+        data = json.loads(stripped)
+    except RecursionError:
+        raise ProtocolError("json_too_deep", "JSON nesting is too deep") from None
+    except ValueError as exc:
+        raise ProtocolError(
+            "invalid_json", f"payload looks like JSON but does not parse: {exc}"
+        ) from None
+    if _depth(data) > limits.max_json_depth:
+        raise ProtocolError("json_too_deep", f"JSON nesting exceeds {limits.max_json_depth} levels")
+    if not isinstance(data, dict):
+        raise ProtocolError(
+            "invalid_request", "a JSON payload must be an object with a 'text' field"
+        )
+    raw_id = data.get("id")
+    request_id: str | int | None = (
+        raw_id if isinstance(raw_id, str | int) and not isinstance(raw_id, bool) else None
+    )
+    try:
+        parsed = SayPayload.model_validate(data)
+    except ValidationError as exc:
+        raise ProtocolError("invalid_request", _first_error(exc), request_id) from None
+    if isinstance(parsed.id, str) and not 0 < len(parsed.id) <= 128:
+        raise ProtocolError("invalid_request", "field 'id' must have 1-128 characters")
+    if parsed.lang is not None and not _LANG_RE.match(parsed.lang):
+        raise ProtocolError(
+            "invalid_request", "field 'lang' must be a language code like 'en'", parsed.id
+        )
+    return SayRequest(
+        id=parsed.id if parsed.id is not None else new_id(),
+        text=parsed.text,
+        target=target,
+        voice=parsed.voice,
+        lang=parsed.lang.split("-")[0].split("_")[0].lower() if parsed.lang else None,
+        use_cache=parsed.cache,
+    )
+
+
+def ok_response(request_id: str | int, data: dict[str, Any]) -> bytes:
+    return json.dumps({"status": "ok", "id": request_id, "data": data}).encode()
+
+
+def error_response(request_id: str | int | None, code: str, message: str) -> bytes:
+    body = {"status": "error", "id": request_id, "error": message, "code": code}
+    return json.dumps(body, ensure_ascii=False).encode()

@@ -1,0 +1,177 @@
+"""Text to one WAV: split into sentences, take each from the cache or an engine, join them.
+
+This is the one rendering path for the bridge, the `say` command and the benchmark; it knows
+nothing of MQTT. It runs on synthesis threads only.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tts_bridge import audio
+from tts_bridge.cache import CacheKey, SentenceCache
+from tts_bridge.config import Settings
+from tts_bridge.engines.base import EngineError, SynthesisOptions
+from tts_bridge.engines.registry import EnginePool, Voice
+from tts_bridge.text.sentences import clean, has_cjk, is_speakable, split_sentences
+
+_LOGGER = logging.getLogger(__name__)
+
+
+class RequestError(Exception):
+    """A request that cannot be served; `code` is machine-readable, the message is for people."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass(frozen=True)
+class SentenceAudio:
+    """One sentence, ready to send on its own (streaming) or to be joined into a message."""
+
+    index: int
+    text: str
+    pcm: audio.Int16Audio
+    cached: bool
+
+
+@dataclass
+class Rendering:
+    """A finished message and how it was made."""
+
+    wav: bytes
+    sample_rate: int
+    duration_ms: int
+    voice: str
+    engine: str
+    tier: str
+    sentences: int
+    cached_sentences: int
+    synth_seconds: float = 0.0
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def cached(self) -> bool:
+        return self.cached_sentences == self.sentences
+
+
+def prepare_text(text: str, max_chars: int) -> list[str]:
+    """Validate and split user text; raises RequestError with a user-facing reason."""
+    if not text.strip():
+        raise RequestError("empty_text", "the text is empty")
+    cleaned = clean(text)
+    if len(cleaned) > max_chars:
+        raise RequestError(
+            "text_too_long", f"the text has {len(cleaned)} characters; the limit is {max_chars}"
+        )
+    if not cleaned or not is_speakable(cleaned):
+        raise RequestError(
+            "nothing_speakable", "the text has no letters or digits to speak (only symbols?)"
+        )
+    return [s for s in split_sentences(cleaned) if is_speakable(s)]
+
+
+class Synthesizer:
+    """Renders text with a voice, through the sentence cache."""
+
+    def __init__(self, settings: Settings, engines: EnginePool, cache: SentenceCache) -> None:
+        self._settings = settings
+        self.engines = engines
+        self.cache = cache
+
+    def _key(self, voice: Voice, sentence: str, options: SynthesisOptions) -> CacheKey:
+        return CacheKey(
+            sentence=sentence,
+            engine=voice.engine.identity,
+            voice=voice.name,
+            speaker=voice.speaker,
+            options=tuple(sorted(options.cache_fields().items())),
+            sample_rate=voice.engine.sample_rate,
+        )
+
+    def options_for(self, voice: Voice) -> SynthesisOptions:
+        return SynthesisOptions(speed=voice.settings.speed)
+
+    def sentence(
+        self, voice: Voice, index: int, text: str, options: SynthesisOptions, use_cache: bool
+    ) -> SentenceAudio:
+        """One sentence from the cache, or synthesized (and then cached)."""
+        key = self._key(voice, text, options)
+        if use_cache:
+            hit = self.cache.get(key)
+            if hit is not None and hit.sample_rate == voice.engine.sample_rate:
+                return SentenceAudio(index, text, hit.pcm, cached=True)
+        try:
+            chunks = list(voice.engine.synthesize(text, voice.speaker, options))
+        except EngineError:
+            raise
+        except Exception as exc:  # an engine bug must fail one request, not the bridge
+            _LOGGER.exception("Engine %s failed", voice.engine.identity)
+            raise EngineError(f"{voice.engine.name} failed: {type(exc).__name__}") from exc
+        pcm = audio.to_pcm16(np.concatenate(chunks)) if chunks else audio.silence(1, 0)
+        if pcm.size:
+            self.cache.put(key, pcm, voice.engine.tier, voice.engine.identity)
+        return SentenceAudio(index, text, pcm, cached=False)
+
+    def validate(
+        self, text: str, voice_name: str | None, lang: str | None
+    ) -> tuple[Voice, list[str]]:
+        """Check a request cheaply (no model): the voice, the text, the language.
+
+        Raises UnknownVoiceError or RequestError; returns the voice and the sentences.
+        """
+        voice = self.engines.voice(voice_name)
+        sentences = prepare_text(text, self._settings.limits.max_text_chars)
+        spoken = lang or ("zh" if any(map(has_cjk, sentences)) else None)
+        if spoken is not None and spoken not in voice.engine.languages:
+            raise RequestError(
+                "unsupported_language",
+                f"voice {voice.name!r} speaks {', '.join(sorted(voice.engine.languages))}, "
+                f"not {spoken!r}",
+            )
+        return voice, sentences
+
+    def render(
+        self,
+        text: str,
+        voice_name: str | None = None,
+        use_cache: bool = True,
+        lang: str | None = None,
+        on_sentence: Callable[[SentenceAudio], None] | None = None,
+    ) -> Rendering:
+        """Text to a complete WAV; `on_sentence` sees each sentence as soon as it is ready."""
+        voice, sentences = self.validate(text, voice_name, lang)
+        options = self.options_for(voice)
+        sample_rate = voice.engine.sample_rate
+        pause = audio.silence(sample_rate, self._settings.synthesis.sentence_pause_ms)
+        parts: list[audio.Int16Audio] = []
+        cached = 0
+        started = time.perf_counter()
+        for index, sentence in enumerate(sentences):
+            piece = self.sentence(voice, index, sentence, options, use_cache)
+            cached += piece.cached
+            if on_sentence is not None:
+                on_sentence(piece)
+            if parts and pause.size:
+                parts.append(pause)
+            parts.append(piece.pcm)
+        pcm = np.concatenate(parts) if parts else audio.silence(sample_rate, 0)
+        if pcm.size == 0:
+            raise RequestError("nothing_speakable", "the voice produced no audio for this text")
+        return Rendering(
+            wav=audio.encode_wav(pcm, sample_rate),
+            sample_rate=sample_rate,
+            duration_ms=audio.duration_ms(pcm.size, sample_rate),
+            voice=voice.name,
+            engine=voice.engine.name,
+            tier=voice.engine.tier,
+            sentences=len(sentences),
+            cached_sentences=cached,
+            synth_seconds=time.perf_counter() - started,
+        )

@@ -1,0 +1,1 @@
+"""Text handling before synthesis: cleaning, sentence splitting, normalization."""

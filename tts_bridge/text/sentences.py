@@ -1,0 +1,78 @@
+"""Clean user text and split it into sentences (English and Chinese punctuation)."""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+
+# Sentence ends: ASCII . ! ? ; followed by space/end, CJK full stops (no space needed), ellipsis.
+_SENTENCE_END = re.compile(
+    r"""(?<=[.!?…])["'”’)\]]*\s+(?=\S)   # Latin end punctuation, then whitespace
+      | (?<=[。！？；…])["'”’」』）]*      # CJK end punctuation needs no space after it
+    """,
+    re.VERBOSE,
+)
+_ABBREVIATIONS = frozenset(
+    {"mr", "mrs", "ms", "dr", "st", "no", "vs", "etc", "e.g", "i.e", "approx", "min", "max", "jr"}
+)
+_WHITESPACE = re.compile(r"\s+")
+_CJK = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
+# Categories that carry something a voice can say: letters and digits.
+_SPEAKABLE_CATEGORIES = ("L", "N")
+
+
+def clean(text: str) -> str:
+    """Drop control and format characters (line breaks become spaces); collapse whitespace."""
+    kept = []
+    for char in unicodedata.normalize("NFC", text):
+        category = unicodedata.category(char)
+        if char in "\n\r\t" or category == "Zs":
+            kept.append(" ")
+        elif category[0] == "C":  # Cc control, Cf format (zero-width etc.), Co, Cs, Cn
+            continue
+        else:
+            kept.append(char)
+    return _WHITESPACE.sub(" ", "".join(kept)).strip()
+
+
+def has_cjk(text: str) -> bool:
+    """True when the text contains Chinese characters (CJK unified ideographs)."""
+    return _CJK.search(text) is not None
+
+
+def is_speakable(text: str) -> bool:
+    """True when the text has at least one letter or digit (emoji and punctuation are not)."""
+    return any(unicodedata.category(c)[0] in _SPEAKABLE_CATEGORIES for c in text)
+
+
+def _ends_sentence(text: str, end: int) -> bool:
+    """False after an abbreviation ("Dr. Smith") or a single initial ("J. Smith")."""
+    if text[end - 1] != ".":
+        return True
+    start = text.rfind(" ", 0, end - 1) + 1
+    word = text[start : end - 1].lstrip("(\"'“‘").lower()
+    return not (word in _ABBREVIATIONS or (len(word) == 1 and word.isalpha()))
+
+
+def split_sentences(text: str) -> list[str]:
+    """Split cleaned text into sentences; each keeps its end punctuation."""
+    out: list[str] = []
+    cut = 0
+    for match in _SENTENCE_END.finditer(text):
+        if match.start() <= cut or not _ends_sentence(text, match.start()):
+            continue
+        piece = text[cut : match.end()].strip()
+        if piece:
+            out.append(piece)
+        cut = match.end()
+    tail = text[cut:].strip()
+    if tail:
+        out.append(tail)
+    # A fragment with nothing speakable (a stray "!") joins its predecessor.
+    merged: list[str] = []
+    for piece in out:
+        if merged and not is_speakable(piece):
+            merged[-1] = f"{merged[-1]}{piece}"
+        else:
+            merged.append(piece)
+    return merged
