@@ -48,11 +48,11 @@ class ReplyTo:
 class Bridge:
     """The running service. `start` connects; `stop` drains work and says goodbye."""
 
-    def __init__(self, settings: Settings, synthesizer: Synthesizer) -> None:
+    def __init__(self, settings: Settings, synthesizer: Synthesizer, workers: int = 1) -> None:
         self._settings = settings
         self._synth = synthesizer
         self.topics = Topics(settings.mqtt.base_topic)
-        self._scheduler = Scheduler(settings.synthesis.workers, settings.limits.max_queue)
+        self._scheduler = Scheduler(workers, settings.limits.max_queue)
         self._connection = MqttConnection(
             settings.mqtt,
             subscriptions=[self.topics.say, self.topics.say_targets],

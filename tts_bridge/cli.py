@@ -11,10 +11,14 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tts_bridge import __version__
 from tts_bridge.config import ConfigError, Settings, load_settings
+
+if TYPE_CHECKING:
+    from tts_bridge.synthesis import Synthesizer
+    from tts_bridge.tuning import ThreadPlan
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -50,18 +54,35 @@ def _settings(args: argparse.Namespace) -> Settings:
     return load_settings(args.config, _flag_overrides(args))
 
 
-def _build_synthesizer(settings: Settings) -> Any:
+def _thread_plan(settings: Settings) -> ThreadPlan:
+    """The hardware plan, with the settings' explicit values taking precedence."""
+    from tts_bridge.tuning import detect_hardware, plan_threads
+
+    return plan_threads(
+        detect_hardware(),
+        {
+            "onnx_intra_op_threads": settings.synthesis.onnx_threads,
+            "synthesis_concurrency": settings.synthesis.workers,
+        },
+    )
+
+
+def _build_synthesizer(settings: Settings, plan: ThreadPlan) -> Synthesizer:
     from tts_bridge.cache import SentenceCache
     from tts_bridge.engines.registry import EnginePool
     from tts_bridge.synthesis import Synthesizer
 
-    return Synthesizer(settings, EnginePool(settings), SentenceCache(settings.cache))
+    pool = EnginePool(settings, threads=plan.onnx_intra_op_threads)
+    return Synthesizer(settings, pool, SentenceCache(settings.cache))
 
 
 def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     from tts_bridge.bridge import Bridge
 
-    bridge = Bridge(settings, _build_synthesizer(settings))
+    plan = _thread_plan(settings)
+    for line in plan.describe():
+        _LOGGER.info("Thread plan: %s", line)
+    bridge = Bridge(settings, _build_synthesizer(settings, plan), plan.synthesis_concurrency)
     stop = threading.Event()
 
     def _on_signal(signum: int, frame: FrameType | None) -> None:
@@ -90,7 +111,7 @@ def cmd_say(args: argparse.Namespace, settings: Settings) -> int:
     from tts_bridge.synthesis import RequestError
 
     text = args.text if args.text != "-" else sys.stdin.read()
-    synth = _build_synthesizer(settings)
+    synth = _build_synthesizer(settings, _thread_plan(settings))
     try:
         rendering = synth.render(text, args.voice, use_cache=not args.no_cache, lang=args.lang)
     except RequestError as exc:

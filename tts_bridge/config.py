@@ -106,10 +106,10 @@ class LimitsSettings(_Section):
 
 
 class SynthesisSettings(_Section):
-    workers: int = Field(1, ge=1, le=16)
-    """Synthesis threads; one at a time is right on small machines."""
-    onnx_threads: int = Field(0, ge=0, le=64)
-    """onnxruntime intra-op threads per engine (0 = one per usable core)."""
+    workers: int | None = Field(None, ge=1, le=16)
+    """Synthesis jobs at a time; empty = the hardware plan (one at a time on <= 4 cores)."""
+    onnx_threads: int | None = Field(None, ge=1, le=64)
+    """onnxruntime intra-op threads per engine; empty = the hardware plan."""
     sentence_pause_ms: int = Field(250, ge=0, le=5000)
     """Silence placed between sentences when a message is assembled."""
 

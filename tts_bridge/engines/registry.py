@@ -46,13 +46,13 @@ def _build_engine(kind: str, model: Path | None, hasher: FileHasher, threads: in
 class EnginePool:
     """Owns every engine instance; nothing here loads a model until synthesis asks for it."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, threads: int | None = None) -> None:
         self._settings = settings
         self._hasher = FileHasher()
         self._lock = threading.Lock()
         self._engines: dict[tuple[str, str], Engine] = {}
         self._voices: dict[str, Voice] = {}
-        threads = settings.synthesis.onnx_threads or max(1, len(os.sched_getaffinity(0)))
+        threads = threads or settings.synthesis.onnx_threads or len(os.sched_getaffinity(0))
         for name, voice in settings.voices.items():
             key = (voice.engine, str(voice.model or ""))
             engine = self._engines.get(key)

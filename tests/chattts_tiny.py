@@ -1,0 +1,282 @@
+"""A tiny randomly initialised ChatTTS checkpoint in the real asset layout, for tests.
+
+The real weights (about 1.1 GB) come from a model hub this project never contacts, so the tests
+drive the real ``chattts`` code with this stand-in. Every file is written where ChatTTS expects
+its official file, with the same tensor names, built from ChatTTS's own module classes so the key
+names and shapes cannot drift from what ``Chat.load`` accepts::
+
+    <dest>/asset/gpt/config.json              LlamaConfig JSON with ChatTTS's extra keys
+    <dest>/asset/gpt/model.safetensors        LlamaModel weights (no embed_tokens, as upstream)
+    <dest>/asset/Embed.safetensors            text/code embeddings and heads (num_vq = 4, 626 codes)
+    <dest>/asset/DVAE.safetensors             encoder + GFSQ quantizer + decoder
+    <dest>/asset/Decoder.safetensors          the hidden-state decoder (idim = GPT hidden / 2)
+    <dest>/asset/Vocos.safetensors            vocoder (100 mel channels, n_fft 1024, hop 256)
+    <dest>/asset/tokenizer/{tokenizer.json, tokenizer_config.json, special_tokens_map.json}
+    <dest>/asset/spk_stat.json                speaker statistics (see below)
+
+``asset/spk_stat.json`` is this project's format for the speaker statistics of a checkpoint that
+is not the official release (the official statistics are built into ChatTTS's ``Config``)::
+
+    {"format": "chattts-spk-stat", "version": 1, "hidden_size": H, "spk_stat": "<base16384>"}
+
+where ``spk_stat`` is the same encoding ChatTTS's ``Config.spk_stat`` uses: base16384 of the
+float16 array ``[std (H values), mean (H values)]``.
+
+Run as a script to write one: ``python tests/chattts_tiny.py DEST``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+# ChatTTS 0.2.5 hard-wires these (EOS is code 625 and the DVAE quantizer has 5**4 = 625 codes).
+NUM_VQ = 4
+NUM_AUDIO_TOKENS = 626
+N_MELS = 100
+N_FFT = 1024
+HOP_LENGTH = 256
+
+# Sizes of the tiny model: big enough to exercise every layer type, small enough to load fast.
+HIDDEN_SIZE = 32
+NUM_LAYERS = 2
+NUM_HEADS = 2
+INTERMEDIATE_SIZE = 64
+DVAE_VQ_DIM = 32
+SMALL_CHANNELS = 16
+
+SPK_STAT_FORMAT = "chattts-spk-stat"
+
+# The 50 tokens ChatTTS appends to its BERT vocabulary, in upstream order. Everything from
+# [break_0] on is cut off refined text, so [break_0] must rank above every ordinary token.
+CHATTTS_SPECIAL_TOKENS: tuple[str, ...] = (
+    "[Sasr]", "[Pasr]", "[Easr]", "[Stts]", "[Ptts]", "[Etts]",
+    "[Sbreak]", "[Pbreak]", "[Ebreak]", "[uv_break]", "[v_break]",
+    "[lbreak]", "[llbreak]", "[undefine]", "[laugh]", "[spk_emb]", "[empty_spk]",
+    "[music]", "[pure]",
+    *(f"[break_{i}]" for i in range(8)),
+    *(f"[laugh_{i}]" for i in range(3)),
+    *(f"[oral_{i}]" for i in range(10)),
+    *(f"[speed_{i}]" for i in range(10)),
+)  # fmt: skip
+_BERT_SPECIAL = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+_PUNCTUATION = "，。、！？：；“”‘’（）,.!?:;'\"()-%°/"
+# Common characters of home announcements; anything else becomes [UNK], which is fine for noise.
+_CJK = (
+    "的一是了不在有人这中大为上个国我以要他时来用们生到作地于出就分对成会可主发年动同工也能下过"
+    "子说产种面而方后多定行学法所民得经十三之进着等部度家电力里如水化高自二理起小物现实加量都两体"
+    "制机当使点从业本去把性好应开它合还因由其些然前外天政四日那社义事平形相全表间样与关各重新线内"
+    "数正心反你明看原又么利比或但质气第向道命此变条只没结解问意建月公无系军很情者最立代想已通并提"
+    "直题党程展五果料象员革位入常文总次品式活设及管特件长求老头基资边流路级少图山统接知较将组见计"
+    "别她手角期根论运农指几九区强放决西被干做必战先回则任取据处队南给色光门即保治北造百规热领七海"
+    "口东导器压志世金增争济阶油思术极交受联什认六共权收证改清己美再采转更单风切打白教速花带安场身"
+    "车例真务具万每目至达走积示议声报斗完类八离华名确才科张信马节话米整空元况今集温传土许步群广石"
+    "记需段研界拉林律叫且究观越织装影算低持音众书布复容儿须际商非验连断深难近矿千周委素技备半办青"
+    "省列习响约支般史感劳便团往酸历市克何除消构府称太准精值号率族维划选标写存候毛亲快效斯院查江型"
+    "眼王按格养易置派层片始却专状育厂京识适属圆包火住调满县局照参红细引听该铁价严您好请客厅卧室"
+    "厨房浴灯开关窗帘洗衣机烘干冰箱空调暖湿已经完成晚饭准备好了前门打开锁上吗度湿度摄氏明天下雨"
+)
+
+
+def make_tiny_checkpoint(dest: Path, seed: int = 0, *, num_text_tokens: int | None = None) -> Path:
+    """Write a tiny random ChatTTS checkpoint under ``dest``; returns ``dest``.
+
+    The same seed writes byte-identical files, so their hashes are stable. ``num_text_tokens``
+    pads the text vocabulary with filler tokens (the real model has 21178) when a test needs a
+    checkpoint of a measurable size, e.g. to see memory come back after unloading.
+    """
+    import torch
+
+    asset = dest / "asset"
+    (asset / "gpt").mkdir(parents=True, exist_ok=True)
+    (asset / "tokenizer").mkdir(parents=True, exist_ok=True)
+
+    vocab_size = _write_tokenizer(asset / "tokenizer", num_text_tokens)
+    # A private RNG stream: the test process's global torch RNG is left as it was.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        _write_gpt(asset / "gpt")
+        _write_embed(asset / "Embed.safetensors", vocab_size)
+        _write_dvae(asset / "DVAE.safetensors")
+        _write_decoder(asset / "Decoder.safetensors")
+        _write_vocos(asset / "Vocos.safetensors")
+    _write_spk_stat(asset / "spk_stat.json", seed)
+    return dest
+
+
+def _save(module_state: dict[str, Any], path: Path) -> None:
+    from safetensors.torch import save_file
+
+    tensors = {name: tensor.detach().contiguous().clone() for name, tensor in module_state.items()}
+    save_file(tensors, str(path))
+
+
+def _write_gpt(folder: Path) -> None:
+    from transformers import LlamaConfig, LlamaModel
+
+    config: dict[str, Any] = {
+        "architectures": ["LlamaModel"],
+        "model_type": "llama",
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "hidden_act": "silu",
+        "hidden_size": HIDDEN_SIZE,
+        "initializer_range": 0.02,
+        "intermediate_size": INTERMEDIATE_SIZE,
+        "max_position_embeddings": 4096,
+        "mlp_bias": False,
+        "num_attention_heads": NUM_HEADS,
+        "num_hidden_layers": NUM_LAYERS,
+        "num_key_value_heads": NUM_HEADS,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 10000.0,
+        "tie_word_embeddings": False,
+        "torch_dtype": "float32",
+        "use_cache": False,
+        # ChatTTS ignores the Llama token embedding (it deletes embed_tokens after loading);
+        # a tiny vocabulary keeps that throw-away matrix small.
+        "vocab_size": 8,
+        # Extra keys the official config.json carries for ChatTTS.
+        "num_audio_tokens": NUM_AUDIO_TOKENS,
+        "num_text_tokens": None,
+        "num_vq": NUM_VQ,
+        "spk_KL": False,
+        "spk_emb_dim": 192,
+    }
+    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    llama_keys = {k: v for k, v in config.items() if k not in ("architectures", "torch_dtype")}
+    model = LlamaModel(LlamaConfig(**llama_keys))
+    state = {k: v for k, v in model.state_dict().items() if not k.startswith("embed_tokens.")}
+    _save(state, folder / "model.safetensors")
+
+
+def _write_embed(path: Path, num_text_tokens: int) -> None:
+    from ChatTTS.model.embed import Embed
+
+    embed = Embed(HIDDEN_SIZE, NUM_AUDIO_TOKENS, num_text_tokens, NUM_VQ)
+    _save(embed.state_dict(), path)
+
+
+def _write_dvae(path: Path) -> None:
+    from ChatTTS.config.config import VQ, Decoder
+    from ChatTTS.model.dvae import DVAE
+
+    dim = DVAE_VQ_DIM // 2  # the decoder reads the quantizer output folded in two
+    encoder = Decoder(idim=dim, odim=DVAE_VQ_DIM, hidden=SMALL_CHANNELS, n_layer=1, bn_dim=8)
+    decoder = Decoder(idim=dim, odim=dim, hidden=SMALL_CHANNELS, n_layer=1, bn_dim=8)
+    dvae = DVAE(
+        decoder_config=asdict(decoder),
+        encoder_config=asdict(encoder),
+        vq_config=asdict(VQ(dim=DVAE_VQ_DIM, levels=(5, 5, 5, 5), G=2, R=2)),
+        dim=dim,
+    )
+    _save(dvae.state_dict(), path)
+
+
+def _write_decoder(path: Path) -> None:
+    from ChatTTS.config.config import Decoder
+    from ChatTTS.model.dvae import DVAE
+
+    idim = HIDDEN_SIZE // 2  # ChatTTS folds each GPT hidden state into two mel frames
+    config = Decoder(idim=idim, odim=idim, hidden=SMALL_CHANNELS, n_layer=1, bn_dim=8)
+    decoder = DVAE(decoder_config=asdict(config), dim=idim)
+    _save(decoder.state_dict(), path)
+
+
+def _write_vocos(path: Path) -> None:
+    from vocos import Vocos
+    from vocos.feature_extractors import MelSpectrogramFeatures
+    from vocos.heads import ISTFTHead
+    from vocos.models import VocosBackbone
+
+    vocos = Vocos(
+        feature_extractor=MelSpectrogramFeatures(
+            sample_rate=24000, n_fft=N_FFT, hop_length=HOP_LENGTH, n_mels=N_MELS, padding="center"
+        ),
+        backbone=VocosBackbone(
+            input_channels=N_MELS, dim=SMALL_CHANNELS, intermediate_dim=32, num_layers=1
+        ),
+        head=ISTFTHead(dim=SMALL_CHANNELS, n_fft=N_FFT, hop_length=HOP_LENGTH, padding="center"),
+    )
+    _save(vocos.state_dict(), path)
+
+
+def _write_tokenizer(folder: Path, num_text_tokens: int | None) -> int:
+    """A BERT WordPiece tokenizer with ChatTTS's special tokens appended; returns its size."""
+    from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers
+    from tokenizers.models import WordPiece
+
+    pieces: list[str] = [*_BERT_SPECIAL]
+    letters = "abcdefghijklmnopqrstuvwxyz0123456789"
+    for char in _PUNCTUATION + letters + _CJK:
+        if char not in pieces:
+            pieces.append(char)
+    pieces.extend(f"##{c}" for c in letters)
+    if num_text_tokens is not None:
+        filler = num_text_tokens - len(CHATTTS_SPECIAL_TOKENS) - len(pieces)
+        pieces.extend(f"[unused{i}]" for i in range(max(0, filler)))
+    vocab = {piece: index for index, piece in enumerate(pieces)}
+
+    tokenizer = Tokenizer(WordPiece(vocab, unk_token="[UNK]", max_input_chars_per_word=100))
+    tokenizer.normalizer = normalizers.BertNormalizer(
+        clean_text=True, handle_chinese_chars=True, strip_accents=None, lowercase=True
+    )
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tokenizer.decoder = decoders.WordPiece(prefix="##")
+    tokenizer.add_special_tokens([*_BERT_SPECIAL, *CHATTTS_SPECIAL_TOKENS])
+    tokenizer.save(str(folder / "tokenizer.json"))
+
+    special = {
+        "cls_token": "[CLS]",
+        "mask_token": "[MASK]",
+        "pad_token": "[PAD]",
+        "sep_token": "[SEP]",
+        "unk_token": "[UNK]",
+    }
+    config = {
+        **special,
+        "tokenizer_class": "BertTokenizerFast",
+        "do_lower_case": True,
+        "tokenize_chinese_chars": True,
+        "strip_accents": None,
+        "clean_up_tokenization_spaces": True,
+        "model_max_length": 1 << 20,
+        "padding_side": "left",
+    }
+    _write_json(folder / "tokenizer_config.json", config)
+    _write_json(folder / "special_tokens_map.json", special)
+    return tokenizer.get_vocab_size(with_added_tokens=True)
+
+
+def _write_spk_stat(path: Path, seed: int) -> None:
+    import pybase16384
+
+    rng = np.random.default_rng(seed)
+    std = rng.uniform(0.5, 1.5, HIDDEN_SIZE)
+    mean = rng.normal(0.0, 0.2, HIDDEN_SIZE)
+    stat = np.concatenate([std, mean]).astype(np.float16)
+    encoded = pybase16384.encode_to_string(stat.tobytes())
+    _write_json(
+        path,
+        {
+            "format": SPK_STAT_FORMAT,
+            "version": 1,
+            "hidden_size": HIDDEN_SIZE,
+            "spk_stat": encoded,
+        },
+    )
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit("usage: python tests/chattts_tiny.py DEST")
+    print(make_tiny_checkpoint(Path(sys.argv[1])))
