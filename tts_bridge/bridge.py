@@ -1,8 +1,9 @@
-"""Wires MQTT to synthesis: parse requests, queue them, publish audio and responses.
+"""Wires MQTT to synthesis: parse requests, route them to a tier, queue them, publish results.
 
-No model code lives here: the Synthesizer renders, the Scheduler runs jobs on worker threads,
-MqttConnection talks to the broker. Every request gets exactly one response on
-<base>/bridge/response/say (and on its MQTT 5 response topic, if it gave one).
+No model code lives here: the Synthesizer renders, the TierRouter picks quality or fast, the
+Scheduler runs jobs on worker threads (and idle work on its own thread), MqttConnection talks to
+the broker. Every say request gets exactly one response on <base>/bridge/response/say (and on
+its MQTT 5 response topic, if it gave one).
 """
 
 from __future__ import annotations
@@ -11,24 +12,34 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
+
+import psutil
 
 from tts_bridge import __version__
+from tts_bridge.audio import encode_wav
 from tts_bridge.config import Settings
 from tts_bridge.engines.base import EngineError
 from tts_bridge.engines.registry import UnknownVoiceError
+from tts_bridge.idle import IdleWork
 from tts_bridge.mqtt.client import IncomingMessage, MqttConnection, OutgoingMessage
 from tts_bridge.mqtt.protocol import (
     ProtocolError,
     SayRequest,
     Topics,
+    api_response,
     error_response,
     new_id,
     ok_response,
+    parse_api_request,
     parse_say,
 )
+from tts_bridge.routing import Route, TierRouter
 from tts_bridge.scheduler import Scheduler
-from tts_bridge.synthesis import RequestError, Synthesizer
+from tts_bridge.synthesis import Plan, RequestError, SentenceAudio, Synthesizer
 from tts_bridge.textlog import short
 
 _LOGGER = logging.getLogger(__name__)
@@ -45,37 +56,72 @@ class ReplyTo:
     correlation_data: bytes | None
 
 
+class ApiError(Exception):
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
 class Bridge:
     """The running service. `start` connects; `stop` drains work and says goodbye."""
 
-    def __init__(self, settings: Settings, synthesizer: Synthesizer, workers: int = 1) -> None:
+    def __init__(
+        self, settings: Settings, synthesizer: Synthesizer, workers: int = 1, idle_nice: int = 10
+    ) -> None:
         self._settings = settings
         self._synth = synthesizer
         self.topics = Topics(settings.mqtt.base_topic)
-        self._scheduler = Scheduler(workers, settings.limits.max_queue)
+        sched = settings.scheduler
+        self.idle = IdleWork(settings, synthesizer)
+        self._router = TierRouter(sched.latency_budget_ms, sched.hysteresis)
+        self._scheduler = Scheduler(
+            workers,
+            settings.limits.max_queue,
+            background=self.idle if sched.idle_enabled else None,
+            idle_delay_s=sched.idle_delay_s,
+            idle_max_load=sched.idle_max_load,
+            idle_nice=idle_nice,
+        )
         self._connection = MqttConnection(
             settings.mqtt,
-            subscriptions=[self.topics.say, self.topics.say_targets],
+            subscriptions=[self.topics.say, self.topics.say_targets, self.topics.requests],
             will=OutgoingMessage(self.topics.state, OFFLINE, qos=1, retain=True),
             on_message=self._on_message,
             on_connected=self._on_connected,
         )
+        self._api_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="api")
+        self._api: dict[str, Callable[[dict[str, Any]], Any]] = {
+            "health_check": lambda _: {"healthy": True, **self.health()},
+            "voices": lambda _: self.info()["voices"],
+            "cache/stats": lambda _: self._synth.cache.stats(),
+            "cache/clear": lambda _: {"removed": self._synth.cache.clear()},
+            "prerender": self._api_prerender,
+            "default_voice": self._api_default_voice,
+        }
         self._stopped = threading.Event()
+        self._started = time.monotonic()
+        self._counts_lock = threading.Lock()
+        self._answers = {"quality": 0, "fast": 0, "error": 0}
+        self._last_latency_ms: float | None = None
+        self._last_tier: str | None = None
+        self._health_thread = threading.Thread(target=self._health_loop, name="health", daemon=True)
 
     # lifecycle
 
     def start(self) -> None:
         self._scheduler.start()
         self._connection.start()
+        self._health_thread.start()
 
     def stop(self, timeout_s: float = 20.0) -> None:
-        """Finish queued work (bounded), publish the offline state, disconnect."""
+        """Finish queued live work (bounded), publish the offline state, disconnect."""
         if self._stopped.is_set():
             return
         self._stopped.set()
         _LOGGER.info("Stopping: finishing %d queued request(s)", self._scheduler.depth)
         if not self._scheduler.stop(timeout_s):
             _LOGGER.warning("Synthesis still running after %.0f s; exiting anyway", timeout_s)
+        self._api_pool.shutdown(wait=True, cancel_futures=True)
         self._connection.stop(OutgoingMessage(self.topics.state, OFFLINE, qos=1, retain=True))
         self._synth.cache.close()
         _LOGGER.info("Stopped")
@@ -83,15 +129,18 @@ class Bridge:
     def wait_connected(self, timeout_s: float) -> bool:
         return self._connection.connected.wait(timeout_s)
 
-    def info(self) -> dict[str, object]:
+    # reports
+
+    def info(self) -> dict[str, Any]:
         limits = self._settings.limits
         return {
             "version": __version__,
-            "default_voice": self._settings.default_voice,
+            "default_voice": self._synth.engines.default_voice,
             "voices": {
                 v.name: {
                     "engine": v.engine.name,
                     "tier": v.engine.tier,
+                    "fast_voice": v.settings.fast_voice,
                     "languages": sorted(v.engine.languages),
                     "sample_rate": v.engine.sample_rate,
                     "description": v.settings.description,
@@ -104,6 +153,7 @@ class Bridge:
                 "max_payload_bytes": limits.max_payload_bytes,
                 "max_queue": limits.max_queue,
             },
+            "latency_budget_ms": self._settings.scheduler.latency_budget_ms,
             "topics": {
                 "say": self.topics.say_targets,
                 "audio": self.topics.audio("+"),
@@ -111,20 +161,68 @@ class Bridge:
             },
         }
 
-    # MQTT network thread: parse, validate, enqueue; nothing slow.
+    def health(self) -> dict[str, Any]:
+        cache = self._synth.cache.stats()
+        with self._counts_lock:
+            answers = dict(self._answers)
+            last_latency, last_tier = self._last_latency_ms, self._last_tier
+        return {
+            "uptime_s": round(time.monotonic() - self._started),
+            "queue_depth": self._scheduler.depth,
+            "active": self._scheduler.active,
+            "background_pending": self.idle.pending(),
+            "background_running": self._scheduler.background_running,
+            "background_done": dict(self.idle.done),
+            "estimated_backlog_s": round(self._scheduler.backlog_s(), 3),
+            "answers": answers,
+            "cache_hit_rate": cache["hit_rate"],
+            "cache_entries": cache["entries"],
+            "cache_bytes": cache["bytes"],
+            "tier_in_use": "fast" if self._router.fast_mode else "quality",
+            "last_tier": last_tier,
+            "last_latency_ms": last_latency,
+            "rtf": self._synth.stats.rtf(),
+            "seconds_per_char": {
+                k: round(v, 5) for k, v in self._synth.estimator.snapshot().items()
+            },
+            "rss_mb": round(psutil.Process().memory_info().rss / 2**20, 1),
+            "loaded_models": self._synth.engines.loaded(),
+        }
+
+    def _health_loop(self) -> None:
+        while not self._stopped.wait(self._settings.scheduler.health_interval_s):
+            try:
+                if self._connection.connected.is_set():
+                    self._publish_health()
+            except Exception:
+                _LOGGER.exception("Health report failed")
+
+    def _publish_health(self) -> None:
+        body = json.dumps(self.health()).encode()
+        self._connection.publish(OutgoingMessage(self.topics.health, body, retain=True))
+
+    # MQTT network thread: parse, validate, route, enqueue; nothing slow.
 
     def _on_connected(self) -> None:
         self._connection.publish(OutgoingMessage(self.topics.state, ONLINE, retain=True))
-        self._connection.publish(
-            OutgoingMessage(self.topics.info, json.dumps(self.info()).encode(), retain=True)
-        )
+        self._publish_info()
+
+    def _publish_info(self) -> None:
+        body = json.dumps(self.info()).encode()
+        self._connection.publish(OutgoingMessage(self.topics.info, body, retain=True))
 
     def _on_message(self, message: IncomingMessage) -> None:
-        received = time.monotonic()
+        name = self.topics.request_name(message.topic)
+        if name is not None:
+            self._api_pool.submit(self._serve_api, name, message)
+            return
         target = self.topics.target_of(message.topic)
         if target is None:
             _LOGGER.debug("Ignoring message on %s", message.topic)
             return
+        self._accept_say(target, message, time.monotonic())
+
+    def _accept_say(self, target: str, message: IncomingMessage, received: float) -> None:
         reply = ReplyTo(message.response_topic, message.correlation_data)
         try:
             request = parse_say(target, message.payload, self._settings.limits)
@@ -133,14 +231,25 @@ class Bridge:
             return
         _LOGGER.info("Request %s for %s: %s", request.id, target, short(request.text))
         try:  # refuse what cannot be spoken now, rather than after the queue
-            self._synth.validate(request.text, request.voice, request.lang)
+            plan = self._synth.validate(request.text, request.voice, request.lang)
         except RequestError as exc:
             self._refuse(request.id, exc.code, str(exc), reply, target)
             return
         except UnknownVoiceError as exc:
             self._refuse(request.id, "unknown_voice", str(exc.args[0]), reply, target)
             return
-        if not self._scheduler.submit(lambda: self._serve(request, reply, received)):
+        route = self._route(request, plan)
+        estimate = self._synth.uncached_cost_s(route.voice, plan.sentences)
+        _LOGGER.debug(
+            "Request %s: %s tier (%s, quality estimate %.2f s)",
+            request.id,
+            route.tier,
+            route.reason,
+            route.estimate_s,
+        )
+        if not self._scheduler.submit_live(
+            lambda: self._serve(request, plan, route, reply, received), estimate
+        ):
             self._refuse(
                 request.id,
                 "busy",
@@ -150,18 +259,59 @@ class Bridge:
                 target,
             )
 
+    def _route(self, request: SayRequest, plan: Plan) -> Route:
+        fast_name = plan.voice.settings.fast_voice
+        fast = self._synth.engines.voice(fast_name) if fast_name else None
+        cost = self._synth.uncached_cost_s(plan.voice, plan.sentences) if request.use_cache else 1.0
+        return self._router.choose(
+            plan.voice,
+            fast,
+            language=plan.language,
+            uncached_cost_s=cost,
+            backlog_s=self._scheduler.backlog_s(),
+            forced=request.tier,
+            budget_ms=request.latency_budget_ms,
+        )
+
     # synthesis threads
 
-    def _serve(self, request: SayRequest, reply: ReplyTo, received: float) -> None:
+    def _serve(
+        self, request: SayRequest, plan: Plan, route: Route, reply: ReplyTo, received: float
+    ) -> None:
+        flags = [("id", str(request.id)), ("tier", route.tier)]
+        expiry = self._settings.mqtt.audio_expiry_s or None
+        on_sentence = None
+        if request.stream:
+            last = len(plan.sentences) - 1
+
+            def on_sentence(piece: SentenceAudio) -> None:
+                wav = encode_wav(piece.pcm, route.voice.engine.sample_rate)
+                props = [
+                    *flags,
+                    ("seq", str(piece.index)),
+                    ("last", "true" if piece.index == last else "false"),
+                    ("cached", "true" if piece.cached else "false"),
+                ]
+                self._connection.publish(
+                    OutgoingMessage(
+                        self.topics.audio_stream(request.target),
+                        wav,
+                        content_type="audio/wav",
+                        user_properties=props,
+                        expiry_s=expiry,
+                    )
+                )
+
         try:
-            rendering = self._synth.render(
-                request.text, request.voice, use_cache=request.use_cache, lang=request.lang
+            rendering = self._synth.render_plan(
+                plan,
+                route.voice,
+                tier=route.tier,
+                use_cache=request.use_cache,
+                on_sentence=on_sentence,
             )
-        except (RequestError, ProtocolError) as exc:
+        except RequestError as exc:
             self._refuse(request.id, exc.code, str(exc), reply, request.target)
-            return
-        except UnknownVoiceError as exc:
-            self._refuse(request.id, "unknown_voice", str(exc.args[0]), reply, request.target)
             return
         except EngineError as exc:
             self._refuse(request.id, "synthesis_failed", str(exc), reply, request.target)
@@ -176,21 +326,20 @@ class Bridge:
                 request.target,
             )
             return
-        flags = [
-            ("id", str(request.id)),
-            ("tier", rendering.tier),
-            ("cached", "true" if rendering.cached else "false"),
-        ]
-        expiry = self._settings.mqtt.audio_expiry_s or None
-        self._connection.publish(
-            OutgoingMessage(
-                self.topics.audio(request.target),
-                rendering.wav,
-                content_type="audio/wav",
-                user_properties=flags,
-                expiry_s=expiry,
+        if route.voice is not plan.voice and request.use_cache:
+            self.idle.note_fast_answer(plan.voice.name, plan.sentences)
+        self.idle.note_request(plan.voice.name, plan.sentences)
+        flags.append(("cached", "true" if rendering.cached else "false"))
+        if not request.stream:
+            self._connection.publish(
+                OutgoingMessage(
+                    self.topics.audio(request.target),
+                    rendering.wav,
+                    content_type="audio/wav",
+                    user_properties=flags,
+                    expiry_s=expiry,
+                )
             )
-        )
         if reply.response_topic:
             self._connection.publish(
                 OutgoingMessage(
@@ -208,7 +357,9 @@ class Bridge:
             "tier": rendering.tier,
             "engine": rendering.engine,
             "voice": rendering.voice,
+            "requested_voice": plan.voice.name,
             "cached": rendering.cached,
+            "stream": request.stream,
             "sentences": rendering.sentences,
             "cached_sentences": rendering.cached_sentences,
             "duration_ms": rendering.duration_ms,
@@ -218,9 +369,14 @@ class Bridge:
         self._connection.publish(
             OutgoingMessage(self.topics.response("say"), ok_response(request.id, data))
         )
+        with self._counts_lock:
+            self._answers[route.tier] += 1
+            self._last_latency_ms = latency_ms
+            self._last_tier = route.tier
         _LOGGER.info(
-            "Request %s done: %s/%s, %d ms of audio, cached %d/%d, %.0f ms",
+            "Request %s done: %s tier, %s/%s, %d ms of audio, cached %d/%d, %.0f ms",
             request.id,
+            route.tier,
             rendering.voice,
             rendering.engine,
             rendering.duration_ms,
@@ -234,6 +390,8 @@ class Bridge:
     ) -> None:
         request_id = request_id if request_id is not None else new_id()
         _LOGGER.warning("Request %s for %s refused (%s): %s", request_id, target, code, message)
+        with self._counts_lock:
+            self._answers["error"] += 1
         body = error_response(request_id, code, message)
         self._connection.publish(OutgoingMessage(self.topics.response("say"), body))
         if reply.response_topic:
@@ -245,3 +403,65 @@ class Bridge:
                     correlation_data=reply.correlation_data,
                 )
             )
+
+    # bridge API (its own thread: cache/clear may take a while)
+
+    def _serve_api(self, name: str, message: IncomingMessage) -> None:
+        transaction: Any = None
+        topic = self.topics.response(name if name in self._api else "error")
+        try:
+            args = parse_api_request(message.payload, self._settings.limits)
+            transaction = args.pop("transaction", None)
+            if not isinstance(transaction, str | int | type(None)) or isinstance(transaction, bool):
+                transaction = None
+                raise ApiError("invalid_request", "'transaction' must be a string or an integer")
+            handler = self._api.get(name)
+            if handler is None:
+                raise ApiError(
+                    "unknown_request",
+                    f"unknown bridge request {name[:64]!r}; known: {', '.join(sorted(self._api))}",
+                )
+            body = api_response("ok", handler(args), transaction)
+        except (ApiError, ProtocolError, RequestError) as exc:
+            _LOGGER.warning("Bridge request %s refused: %s", name[:64], exc)
+            body = api_response("error", {}, transaction, str(exc), getattr(exc, "code", None))
+        except UnknownVoiceError as exc:
+            body = api_response("error", {}, transaction, str(exc.args[0]), "unknown_voice")
+        except Exception as exc:
+            _LOGGER.exception("Bridge request %s failed", name[:64])
+            body = api_response("error", {}, transaction, type(exc).__name__, "internal_error")
+        self._connection.publish(OutgoingMessage(topic, body))
+        if message.response_topic:
+            self._connection.publish(
+                OutgoingMessage(
+                    message.response_topic,
+                    body,
+                    content_type="application/json",
+                    correlation_data=message.correlation_data,
+                )
+            )
+
+    def _api_prerender(self, args: dict[str, Any]) -> dict[str, Any]:
+        phrases = args.get("phrases", args.get("value"))
+        if isinstance(phrases, str):
+            phrases = [phrases]
+        if (
+            not isinstance(phrases, list)
+            or not phrases
+            or not all(isinstance(p, str) for p in phrases)
+        ):
+            raise ApiError("invalid_request", "'phrases' must be a non-empty list of strings")
+        voice = args.get("voice")
+        if voice is not None and not isinstance(voice, str):
+            raise ApiError("invalid_request", "'voice' must be a string")
+        queued = self.idle.request_prerender(phrases, voice)
+        self._scheduler.wake_background()
+        return {"queued_sentences": queued, "pending": self.idle.pending()}
+
+    def _api_default_voice(self, args: dict[str, Any]) -> dict[str, Any]:
+        name = args.get("voice", args.get("value"))
+        if not isinstance(name, str):
+            raise ApiError("invalid_request", 'give the voice name (plain text or {"voice": …})')
+        self._synth.engines.set_default_voice(name)
+        self._publish_info()
+        return {"default_voice": name}

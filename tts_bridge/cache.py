@@ -67,9 +67,17 @@ class SentenceCache:
             cull_limit=10,
         )
         self._lock = threading.Lock()
+        # Sentences answered by the fast tier that still need their quality version: a separate
+        # persistent, insertion-ordered index, so cache eviction never forgets an upgrade.
+        self.upgrades = diskcache.Index(str(self.directory / "upgrades"))
 
     def close(self) -> None:
         self._cache.close()
+        self.upgrades.cache.close()
+
+    def contains(self, key: CacheKey) -> bool:
+        """Presence check without touching statistics or recency."""
+        return self.enabled and key.digest() in self._cache
 
     def get(self, key: CacheKey) -> CachedSentence | None:
         if not self.enabled:
@@ -123,7 +131,9 @@ class SentenceCache:
             "hits": hits,
             "misses": misses,
             "hit_rate": round(hits / (hits + misses), 4) if hits + misses else None,
+            "pending_upgrades": len(self.upgrades),
         }
 
     def clear(self) -> int:
+        self.upgrades.clear()
         return int(self._cache.clear(retry=True))

@@ -82,7 +82,9 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     plan = _thread_plan(settings)
     for line in plan.describe():
         _LOGGER.info("Thread plan: %s", line)
-    bridge = Bridge(settings, _build_synthesizer(settings, plan), plan.synthesis_concurrency)
+    bridge = Bridge(
+        settings, _build_synthesizer(settings, plan), plan.synthesis_concurrency, plan.idle_nice
+    )
     stop = threading.Event()
 
     def _on_signal(signum: int, frame: FrameType | None) -> None:

@@ -125,13 +125,41 @@ class VoiceSettings(_Section):
     """Speaking rate, 1.0 = the model's own pace."""
     description: str = ""
     """Free text shown in bridge/info."""
+    fast_voice: str | None = None
+    """Voice that answers for this one when this one would miss the latency budget (fast tier);
+    its sentences are re-rendered with this voice at idle and served from the cache later."""
 
 
 def _default_voices() -> dict[str, VoiceSettings]:
     return {
-        "joe": VoiceSettings(engine="piper", description="Piper en_US joe medium (22.05 kHz)"),
+        "joe": VoiceSettings(
+            engine="piper", description="Piper en_US joe medium (22.05 kHz)", fast_voice="heart"
+        ),
         "heart": VoiceSettings(engine="hibari", description="hibari heart, INT8 ONNX (24 kHz)"),
     }
+
+
+class SchedulerSettings(_Section):
+    latency_budget_ms: int = Field(1500, ge=1, le=600_000)
+    """A live request goes to the fast tier when quality would finish it later than this."""
+    hysteresis: float = Field(0.7, gt=0.0, le=1.0)
+    """Once on the fast tier, return to quality only below budget x hysteresis (no flapping)."""
+    idle_enabled: bool = True
+    """Pre-render phrases and upgrade fast-tier sentences while the bridge is idle."""
+    idle_delay_s: float = Field(5.0, ge=0.0, le=3600.0)
+    """Quiet time after the last live request before idle work starts."""
+    idle_max_load: float | None = Field(None, ge=0.0)
+    """1-minute load average above which idle work waits; empty = the number of usable cores."""
+    learn_min_count: int = Field(3, ge=1)
+    """A sentence asked this often within learn_window_s is pre-rendered in quality."""
+    learn_window_s: int = Field(7 * 86400, ge=60)
+    """Window for counting repeated sentences."""
+    learn_max_sentences: int = Field(2000, ge=10)
+    """Sentences remembered for learning (oldest forgotten first; bounds memory)."""
+    max_background: int = Field(10_000, ge=1)
+    """Background sentences waiting (pre-render, upgrades, learned); more are refused."""
+    health_interval_s: int = Field(30, ge=1, le=86400)
+    """Seconds between <base>/bridge/health messages."""
 
 
 class LoggingSettings(_Section):
@@ -149,6 +177,11 @@ class Settings(_Section):
     synthesis: SynthesisSettings = Field(default_factory=SynthesisSettings)
     voices: dict[str, VoiceSettings] = Field(default_factory=_default_voices)
     default_voice: str = "joe"
+    scheduler: SchedulerSettings = Field(default_factory=SchedulerSettings)
+    phrases: list[str] = Field(default_factory=list)
+    """Sentences to pre-render in quality at idle (for the default voice)."""
+    phrases_file: Path | None = None
+    """A text file of phrases, one per line ('#' starts a comment)."""
     logging: LoggingSettings = Field(default_factory=LoggingSettings)
 
     @field_validator("voices")
@@ -160,6 +193,17 @@ class Settings(_Section):
         if not voices:
             raise ValueError("at least one voice is needed")
         return voices
+
+    @model_validator(mode="after")
+    def _check_fast_voices(self) -> Settings:
+        for name, voice in self.voices.items():
+            if voice.fast_voice is None:
+                continue
+            if voice.fast_voice not in self.voices:
+                raise ValueError(f"voices.{name}.fast_voice: {voice.fast_voice!r} is not a voice")
+            if voice.fast_voice == name:
+                raise ValueError(f"voices.{name}.fast_voice: a voice cannot be its own fast tier")
+        return self
 
     @model_validator(mode="after")
     def _check_default_voice(self) -> Settings:

@@ -1,79 +1,218 @@
-"""Synthesis work queue: bounded, served by worker threads (never the MQTT network thread)."""
+"""Synthesis scheduling: live requests first, background work only when the bridge is idle.
+
+- Live jobs wait in a bounded FIFO served by `concurrency` worker threads; `submit_live` never
+  blocks, so a flood is answered 'busy' instead of growing memory.
+- Background work (pre-rendering, quality upgrades, learned phrases) runs on one thread at a
+  lower OS priority, one sentence at a time, only when no live job is queued or running, the
+  last live request is `idle_delay_s` old and the load average is below `idle_max_load`.
+- Both kinds share `concurrency` synthesis slots. A live job that arrives during a background
+  sentence waits for that one sentence at most: the background thread gives its slot up to any
+  waiting live job before starting the next sentence.
+"""
 
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
+import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
 
 _LOGGER = logging.getLogger(__name__)
 
-Job = Callable[[], None]
+
+@dataclass
+class LiveJob:
+    run: Callable[[], None]
+    estimate_s: float = 0.0
+    started: float | None = field(default=None, compare=False)
+
+
+class BackgroundSource(Protocol):
+    """Where idle work comes from (see idle.IdleWork)."""
+
+    def next_task(self) -> Callable[[], None] | None:
+        """The next background sentence to render, or None when there is nothing to do."""
+        ...
 
 
 class Scheduler:
-    """A bounded FIFO of jobs and a fixed pool of worker threads.
-
-    `submit` never blocks: when the queue is full it returns False and the caller answers 'busy',
-    so a flood of requests cannot grow memory without bound.
-    """
-
-    def __init__(self, workers: int, max_queue: int) -> None:
-        self._queue: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
-        self._workers = [
-            threading.Thread(target=self._run, name=f"synth-{i}", daemon=True)
-            for i in range(workers)
-        ]
-        self._busy = 0
+    def __init__(
+        self,
+        concurrency: int,
+        max_queue: int,
+        *,
+        background: BackgroundSource | None = None,
+        idle_delay_s: float = 5.0,
+        idle_max_load: float | None = None,
+        idle_nice: int = 10,
+    ) -> None:
+        self._live: queue.Queue[LiveJob | None] = queue.Queue(maxsize=max_queue)
+        self._slots = threading.Semaphore(concurrency)
         self._lock = threading.Lock()
+        self._running: list[LiveJob] = []
+        self._queued_estimate = 0.0
+        self._live_waiting = 0
+        self._last_live = 0.0
+        self._background = background
+        self._idle_delay_s = idle_delay_s
+        self._idle_max_load = (
+            idle_max_load if idle_max_load is not None else float(len(os.sched_getaffinity(0)))
+        )
+        self._idle_nice = idle_nice
         self._accepting = True
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self.background_running = False
+        self.background_done = 0
+        self._workers = [
+            threading.Thread(target=self._live_loop, name=f"synth-{i}", daemon=True)
+            for i in range(concurrency)
+        ]
+        self._idle_thread = threading.Thread(target=self._idle_loop, name="idle", daemon=True)
 
     def start(self) -> None:
         for worker in self._workers:
             worker.start()
+        if self._background is not None:
+            self._idle_thread.start()
+
+    # state for routing and health
 
     @property
     def depth(self) -> int:
-        return self._queue.qsize()
+        return self._live.qsize()
 
     @property
     def active(self) -> int:
         with self._lock:
-            return self._busy
+            return len(self._running)
 
-    def submit(self, job: Job) -> bool:
+    def backlog_s(self) -> float:
+        """Estimated seconds until the live work already accepted is done."""
+        now = time.monotonic()
+        with self._lock:
+            running = sum(
+                max(0.0, job.estimate_s - (now - (job.started or now))) for job in self._running
+            )
+            return self._queued_estimate + running
+
+    def wake_background(self) -> None:
+        """Background work was added: look for it now rather than at the next poll."""
+        self._wake.set()
+
+    # live work
+
+    def submit_live(self, run: Callable[[], None], estimate_s: float = 0.0) -> bool:
         if not self._accepting:
             return False
+        job = LiveJob(run, estimate_s)
+        with self._lock:
+            self._last_live = time.monotonic()
+            self._queued_estimate += estimate_s
         try:
-            self._queue.put_nowait(job)
+            self._live.put_nowait(job)
         except queue.Full:
+            with self._lock:
+                self._queued_estimate -= estimate_s
             return False
         return True
 
     def stop(self, timeout_s: float) -> bool:
-        """Stop taking work, let queued jobs finish; True if all finished within the timeout."""
+        """Stop taking work, let queued live jobs finish; True if all finished in time."""
         self._accepting = False
+        self._stop.set()
+        self._wake.set()
+        deadline = time.monotonic() + timeout_s
         for _ in self._workers:
             try:  # one stop marker per worker, after the queued jobs
-                self._queue.put(None, timeout=timeout_s)
+                self._live.put(None, timeout=max(0.1, deadline - time.monotonic()))
             except queue.Full:
                 break
         for worker in self._workers:
-            worker.join(timeout_s)
+            worker.join(max(0.1, deadline - time.monotonic()))
+        if self._idle_thread.is_alive():
+            self._idle_thread.join(max(0.1, deadline - time.monotonic()))
         return not any(w.is_alive() for w in self._workers)
 
-    def _run(self) -> None:
+    def _live_loop(self) -> None:
         while True:
-            job = self._queue.get()
+            job = self._live.get()
             if job is None:
                 return
             with self._lock:
-                self._busy += 1
+                self._queued_estimate = max(0.0, self._queued_estimate - job.estimate_s)
+                self._live_waiting += 1
+            self._slots.acquire()
+            with self._lock:
+                self._live_waiting -= 1
+                job.started = time.monotonic()
+                self._running.append(job)
             try:
-                job()
-            except Exception:  # a job must report its own errors; this only keeps the worker
+                job.run()
+            except Exception:  # a job reports its own errors; this only keeps the worker alive
                 _LOGGER.exception("Unhandled error in a synthesis job")
             finally:
                 with self._lock:
-                    self._busy -= 1
+                    self._running.remove(job)
+                    self._last_live = time.monotonic()
+                self._slots.release()
+
+    # background work
+
+    def _idle_now(self) -> bool:
+        with self._lock:
+            if self._running or self._live_waiting or not self._live.empty():
+                return False
+            if time.monotonic() - self._last_live < self._idle_delay_s:
+                return False
+        return os.getloadavg()[0] <= self._idle_max_load
+
+    def _lower_priority(self) -> None:
+        # Linux niceness is per thread: only this thread (and threads it starts) is lowered.
+        try:
+            tid = threading.get_native_id()
+            os.setpriority(
+                os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + self._idle_nice
+            )
+        except (OSError, AttributeError) as exc:
+            _LOGGER.debug("Could not lower the idle thread's priority: %s", exc)
+
+    def _idle_loop(self) -> None:
+        assert self._background is not None
+        self._lower_priority()
+        while not self._stop.is_set():
+            if not self._idle_now():
+                self._wake.wait(0.2)
+                self._wake.clear()
+                continue
+            task = self._background.next_task()
+            if task is None:
+                self._wake.wait(1.0)
+                self._wake.clear()
+                continue
+            self._run_background(task)
+
+    def _run_background(self, task: Callable[[], None]) -> None:
+        while not self._stop.is_set():
+            self._slots.acquire()
+            with self._lock:
+                live_first = self._live_waiting > 0 or not self._live.empty()
+            if not live_first:
+                break
+            self._slots.release()  # a live job is waiting: it goes first
+            time.sleep(0.01)
+        else:
+            return
+        self.background_running = True
+        try:
+            task()
+            self.background_done += 1
+        except Exception:
+            _LOGGER.exception("Background task failed")
+        finally:
+            self.background_running = False
+            self._slots.release()

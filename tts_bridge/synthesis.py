@@ -7,6 +7,7 @@ nothing of MQTT. It runs on synthesis threads only.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ from tts_bridge.cache import CacheKey, SentenceCache
 from tts_bridge.config import Settings
 from tts_bridge.engines.base import EngineError, SynthesisOptions
 from tts_bridge.engines.registry import EnginePool, Voice
+from tts_bridge.routing import CostEstimator
 from tts_bridge.text.sentences import clean, has_cjk, is_speakable, split_sentences
 
 _LOGGER = logging.getLogger(__name__)
@@ -77,13 +79,50 @@ def prepare_text(text: str, max_chars: int) -> list[str]:
     return [s for s in split_sentences(cleaned) if is_speakable(s)]
 
 
+@dataclass(frozen=True)
+class Plan:
+    """A validated request: the voice asked for, the sentences and the language spoken."""
+
+    voice: Voice
+    sentences: list[str]
+    language: str | None
+
+
+class EngineStats:
+    """Synthesis time and audio produced per engine identity, for RTF in health reports."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._seconds: dict[str, float] = {}
+        self._audio: dict[str, float] = {}
+
+    def add(self, identity: str, seconds: float, audio_seconds: float) -> None:
+        with self._lock:
+            self._seconds[identity] = self._seconds.get(identity, 0.0) + seconds
+            self._audio[identity] = self._audio.get(identity, 0.0) + audio_seconds
+
+    def rtf(self) -> dict[str, float]:
+        with self._lock:
+            return {
+                k: round(v / self._audio[k], 4) for k, v in self._seconds.items() if self._audio[k]
+            }
+
+
 class Synthesizer:
     """Renders text with a voice, through the sentence cache."""
 
-    def __init__(self, settings: Settings, engines: EnginePool, cache: SentenceCache) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        engines: EnginePool,
+        cache: SentenceCache,
+        estimator: CostEstimator | None = None,
+    ) -> None:
         self._settings = settings
         self.engines = engines
         self.cache = cache
+        self.estimator = estimator or CostEstimator()
+        self.stats = EngineStats()
 
     def _key(self, voice: Voice, sentence: str, options: SynthesisOptions) -> CacheKey:
         return CacheKey(
@@ -98,6 +137,14 @@ class Synthesizer:
     def options_for(self, voice: Voice) -> SynthesisOptions:
         return SynthesisOptions(speed=voice.settings.speed)
 
+    def is_cached(self, voice: Voice, sentence: str) -> bool:
+        return self.cache.contains(self._key(voice, sentence, self.options_for(voice)))
+
+    def uncached_cost_s(self, voice: Voice, sentences: list[str]) -> float:
+        """Estimated compute for the sentences of this voice that are not cached yet."""
+        chars = sum(len(s) for s in sentences if not self.is_cached(voice, s))
+        return self.estimator.seconds(voice.engine.name, voice.engine.identity, chars)
+
     def sentence(
         self, voice: Voice, index: int, text: str, options: SynthesisOptions, use_cache: bool
     ) -> SentenceAudio:
@@ -107,6 +154,7 @@ class Synthesizer:
             hit = self.cache.get(key)
             if hit is not None and hit.sample_rate == voice.engine.sample_rate:
                 return SentenceAudio(index, text, hit.pcm, cached=True)
+        started = time.perf_counter()
         try:
             chunks = list(voice.engine.synthesize(text, voice.speaker, options))
         except EngineError:
@@ -114,17 +162,18 @@ class Synthesizer:
         except Exception as exc:  # an engine bug must fail one request, not the bridge
             _LOGGER.exception("Engine %s failed", voice.engine.identity)
             raise EngineError(f"{voice.engine.name} failed: {type(exc).__name__}") from exc
+        elapsed = time.perf_counter() - started
         pcm = audio.to_pcm16(np.concatenate(chunks)) if chunks else audio.silence(1, 0)
-        if pcm.size:
+        self.estimator.observe(voice.engine.name, voice.engine.identity, len(text), elapsed)
+        self.stats.add(voice.engine.identity, elapsed, pcm.size / voice.engine.sample_rate)
+        if pcm.size and use_cache:
             self.cache.put(key, pcm, voice.engine.tier, voice.engine.identity)
         return SentenceAudio(index, text, pcm, cached=False)
 
-    def validate(
-        self, text: str, voice_name: str | None, lang: str | None
-    ) -> tuple[Voice, list[str]]:
+    def validate(self, text: str, voice_name: str | None, lang: str | None) -> Plan:
         """Check a request cheaply (no model): the voice, the text, the language.
 
-        Raises UnknownVoiceError or RequestError; returns the voice and the sentences.
+        Raises UnknownVoiceError or RequestError.
         """
         voice = self.engines.voice(voice_name)
         sentences = prepare_text(text, self._settings.limits.max_text_chars)
@@ -135,7 +184,7 @@ class Synthesizer:
                 f"voice {voice.name!r} speaks {', '.join(sorted(voice.engine.languages))}, "
                 f"not {spoken!r}",
             )
-        return voice, sentences
+        return Plan(voice, sentences, spoken)
 
     def render(
         self,
@@ -145,15 +194,28 @@ class Synthesizer:
         lang: str | None = None,
         on_sentence: Callable[[SentenceAudio], None] | None = None,
     ) -> Rendering:
-        """Text to a complete WAV; `on_sentence` sees each sentence as soon as it is ready."""
-        voice, sentences = self.validate(text, voice_name, lang)
+        """Text to a complete WAV with the named voice (offline use: no tier routing)."""
+        plan = self.validate(text, voice_name, lang)
+        return self.render_plan(plan, plan.voice, use_cache=use_cache, on_sentence=on_sentence)
+
+    def render_plan(
+        self,
+        plan: Plan,
+        voice: Voice,
+        *,
+        tier: str | None = None,
+        use_cache: bool = True,
+        on_sentence: Callable[[SentenceAudio], None] | None = None,
+    ) -> Rendering:
+        """Render a validated plan with `voice` (the plan's own voice or its fast tier);
+        `on_sentence` sees each sentence as soon as it is ready (streaming)."""
         options = self.options_for(voice)
         sample_rate = voice.engine.sample_rate
         pause = audio.silence(sample_rate, self._settings.synthesis.sentence_pause_ms)
         parts: list[audio.Int16Audio] = []
         cached = 0
         started = time.perf_counter()
-        for index, sentence in enumerate(sentences):
+        for index, sentence in enumerate(plan.sentences):
             piece = self.sentence(voice, index, sentence, options, use_cache)
             cached += piece.cached
             if on_sentence is not None:
@@ -170,8 +232,8 @@ class Synthesizer:
             duration_ms=audio.duration_ms(pcm.size, sample_rate),
             voice=voice.name,
             engine=voice.engine.name,
-            tier=voice.engine.tier,
-            sentences=len(sentences),
+            tier=tier or voice.engine.tier,
+            sentences=len(plan.sentences),
             cached_sentences=cached,
             synth_seconds=time.perf_counter() - started,
         )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,6 +53,7 @@ class EnginePool:
         self._lock = threading.Lock()
         self._engines: dict[tuple[str, str], Engine] = {}
         self._voices: dict[str, Voice] = {}
+        self._default_voice = settings.default_voice
         threads = threads or settings.synthesis.onnx_threads or len(os.sched_getaffinity(0))
         for name, voice in settings.voices.items():
             key = (voice.engine, str(voice.model or ""))
@@ -67,11 +69,20 @@ class EnginePool:
             self._voices[name] = Voice(name, engine, voice.speaker, voice)
         _LOGGER.debug("Voices: %s", ", ".join(f"{v.name}={v.engine.identity}" for v in self))
 
-    def __iter__(self):  # type: ignore[no-untyped-def]
+    def __iter__(self) -> Iterator[Voice]:
         return iter(self._voices.values())
 
+    @property
+    def default_voice(self) -> str:
+        return self._default_voice
+
+    def set_default_voice(self, name: str) -> None:
+        """Change the default voice while running (e.g. from Home Assistant's select)."""
+        self.voice(name)  # raises UnknownVoiceError
+        self._default_voice = name
+
     def voice(self, name: str | None) -> Voice:
-        name = name or self._settings.default_voice
+        name = name or self._default_voice
         try:
             return self._voices[name]
         except KeyError:

@@ -6,7 +6,7 @@ import json
 import re
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
 
@@ -42,8 +42,24 @@ class Topics:
     def audio(self, target: str) -> str:
         return f"{self.base}/audio/{target}"
 
+    def audio_stream(self, target: str) -> str:
+        return f"{self.base}/audio/{target}/stream"
+
     def response(self, name: str) -> str:
         return f"{self.base}/bridge/response/{name}"
+
+    @property
+    def requests(self) -> str:
+        return f"{self.base}/bridge/request/#"
+
+    @property
+    def health(self) -> str:
+        return f"{self.base}/bridge/health"
+
+    def request_name(self, topic: str) -> str | None:
+        """The API name of a bridge request topic ('cache/stats'); None otherwise."""
+        prefix = f"{self.base}/bridge/request/"
+        return topic[len(prefix) :] if topic.startswith(prefix) else None
 
     def target_of(self, topic: str) -> str | None:
         """The target of a say topic ('default' for <base>/say); None if not a say topic."""
@@ -74,6 +90,9 @@ class SayPayload(BaseModel):
     voice: StrictStr | None = None
     lang: StrictStr | None = None
     cache: StrictBool = True
+    stream: StrictBool = False
+    tier: Literal["quality", "fast"] | None = None
+    latency_budget_ms: StrictInt | None = Field(None, ge=1, le=600_000)
 
 
 @dataclass(frozen=True)
@@ -86,6 +105,9 @@ class SayRequest:
     voice: str | None
     lang: str | None
     use_cache: bool
+    stream: bool = False
+    tier: Literal["quality", "fast"] | None = None
+    latency_budget_ms: int | None = None
 
 
 def new_id() -> str:
@@ -169,7 +191,47 @@ def parse_say(target: str, payload: bytes, limits: LimitsSettings) -> SayRequest
         voice=parsed.voice,
         lang=parsed.lang.split("-")[0].split("_")[0].lower() if parsed.lang else None,
         use_cache=parsed.cache,
+        stream=parsed.stream,
+        tier=parsed.tier,
+        latency_budget_ms=parsed.latency_budget_ms,
     )
+
+
+def parse_api_request(payload: bytes, limits: LimitsSettings) -> dict[str, Any]:
+    """A bridge API payload: empty, a JSON object, or a plain string (as {"value": ...})."""
+    if len(payload) > limits.max_payload_bytes:
+        raise ProtocolError("payload_too_large", "payload too large")
+    try:
+        text = payload.decode("utf-8").strip()
+    except UnicodeDecodeError:
+        raise ProtocolError("invalid_utf8", "payload is not valid UTF-8") from None
+    if not text:
+        return {}
+    if not text.startswith(("{", "[")):
+        return {"value": text}
+    try:
+        data = json.loads(text)
+    except RecursionError:
+        raise ProtocolError("json_too_deep", "JSON nesting is too deep") from None
+    except ValueError as exc:
+        raise ProtocolError("invalid_json", f"payload does not parse as JSON: {exc}") from None
+    if _depth(data) > limits.max_json_depth:
+        raise ProtocolError("json_too_deep", f"JSON nesting exceeds {limits.max_json_depth} levels")
+    if not isinstance(data, dict):
+        raise ProtocolError("invalid_request", "the payload must be a JSON object")
+    return data
+
+
+def api_response(
+    status: str, data: Any, transaction: Any, error: str | None = None, code: str | None = None
+) -> bytes:
+    body: dict[str, Any] = {"status": status, "data": data}
+    if error is not None:
+        body["error"] = error
+        body["code"] = code
+    if transaction is not None:
+        body["transaction"] = transaction
+    return json.dumps(body, ensure_ascii=False).encode()
 
 
 def ok_response(request_id: str | int, data: dict[str, Any]) -> bytes:

@@ -1,0 +1,447 @@
+"""Durable request journal: at-least-once delivery of say requests, answered exactly once.
+
+The bridge subscribes with manual acks. A request is written here (committed and fsynced) before
+it is acked to the broker, so once the broker forgets it, the journal remembers it: after a crash
+the bridge resumes every unfinished entry. A redelivered duplicate (the broker re-sends what was
+never acked, with the dup flag and its original packet id) finds its entry and is answered from
+the stored outcome, never synthesized or spoken twice.
+
+Order of operations in the bridge::
+
+    key = request_key(msg.topic, msg.payload, request_id=parsed_id, packet_id=msg.mid)
+    result = journal.accept(key, msg.topic, msg.payload, ...,
+                            dedupe=parsed_id is not None or msg.dup)
+    client.ack(msg.mid, msg.qos)  # only after accept() returned
+    NEW -> serve; publish; journal.finish(result.entry_id, response_body)
+    IN_PROGRESS -> nothing (this run is serving it, or resumed it at start)
+    DONE -> publish result.outcome again, no synthesis
+
+What is not covered: a crash after the audio went out but before finish() committed speaks that
+request again after restart (publish and commit cannot be one atomic step; finishing first would
+lose requests instead). The journal is local, so bridges sharing a subscription do not see each
+other's entries.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import hashlib
+import json
+import logging
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self
+
+_LOGGER = logging.getLogger(__name__)
+
+# Marks the file as ours, so a journal path pointed at some other SQLite file (the sentence cache,
+# say) is refused instead of having tables added to it. "TTSJ" in ASCII.
+_APPLICATION_ID = 0x5454534A
+_SCHEMA_VERSION = 1
+_SCHEMA = """
+CREATE TABLE entries (
+    -- AUTOINCREMENT: an id is never reused after prune, so a stale id can never finish a newer
+    -- request.
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    -- Not unique: identical plain-text announcements that are not redeliveries share a key and
+    -- each gets its own entry (see request_key).
+    key TEXT NOT NULL,
+    topic TEXT NOT NULL,
+    payload BLOB NOT NULL,
+    response_topic TEXT,
+    correlation_data BLOB,
+    received_at REAL NOT NULL,
+    finished_at REAL,
+    outcome TEXT
+);
+CREATE INDEX entries_by_key ON entries (key, id);
+CREATE INDEX entries_unfinished ON entries (id) WHERE finished_at IS NULL;
+"""
+
+
+class JournalError(Exception):
+    """The journal cannot be opened or written; ``path`` is the journal file.
+
+    At start this usually means a damaged file or one that is not a journal: move it aside and
+    start with an empty journal (its unfinished requests are lost, which the log should say).
+    """
+
+    def __init__(self, path: Path, message: str) -> None:
+        super().__init__(f"request journal {path}: {message}")
+        self.path = path
+
+
+class AcceptStatus(enum.Enum):
+    NEW = "new"
+    """Journaled now: serve it, then finish()."""
+    IN_PROGRESS = "in_progress"
+    """Accepted earlier and not finished: being served, or resumed from unfinished() at start."""
+    DONE = "done"
+    """Answered earlier: publish ``outcome`` again, do not synthesize."""
+
+
+@dataclass(frozen=True)
+class AcceptResult:
+    status: AcceptStatus
+    entry_id: int
+    """The entry to finish(); keys can repeat, entry ids cannot."""
+    outcome: dict[str, Any] | None = None
+    """The stored response body, for DONE only."""
+
+
+@dataclass(frozen=True)
+class JournalEntry:
+    """An accepted request, as received: enough to parse and serve it again after a restart."""
+
+    entry_id: int
+    key: str
+    topic: str
+    payload: bytes
+    response_topic: str | None
+    correlation_data: bytes | None
+    received_at: float
+    """Wall-clock seconds (time.time()), so that it still means something after a restart."""
+
+
+def request_key(
+    topic: str,
+    payload: bytes,
+    *,
+    request_id: str | int | None = None,
+    packet_id: int | None = None,
+) -> str:
+    """The journal key of a received request; pass ``dedupe`` to accept() as documented here.
+
+    With a client-given ``request_id`` the key is the topic and payload (which contains the id),
+    and accept() should dedupe always (``dedupe=True``): the client promised one id per request,
+    so a second copy is a duplicate even when it is not a broker redelivery, e.g. a publisher
+    that re-sent after a reconnect. The payload is part of the key so that an id reused with a
+    different text is still spoken; an id reused with the same text within ``keep_done_s`` is
+    answered as a duplicate and not spoken, so clients should send a fresh id each time (Home
+    Assistant: ``"id": "{{ context.id }}"``).
+
+    Without an id, the same text can legitimately be announced twice ("The front door is open"),
+    so the key adds the MQTT packet id and accept() should dedupe only when the packet is a
+    broker redelivery (``dedupe=msg.dup``). A redelivery carries its original packet id (MQTT
+    4.4; measured on mosquitto 2.0, also after a broker SIGKILL with persistence), and a packet id
+    is not reused while its message is unacked, so the newest entry with that key is the one
+    being redelivered. The one ambiguity: the same text arriving again with a reused packet id,
+    and the bridge dying between receiving it and accept(); its redelivery then matches the
+    earlier entry and is not spoken. mosquitto counts packet ids up to 65535 before reusing
+    one, so this needs that many messages within the window; brokers that reuse ids sooner
+    make it likelier, which is one more reason for clients to send an id.
+    """
+    digest = hashlib.sha256()
+    # Length prefixes keep ("ab", b"c") and ("a", b"bc") apart.
+    parts = [topic.encode(), payload]
+    if request_id is not None:
+        parts.append(f"{type(request_id).__name__}:{request_id}".encode())
+    elif packet_id is not None:
+        parts.append(str(packet_id).encode())
+    for part in parts:
+        digest.update(len(part).to_bytes(8, "big"))
+        digest.update(part)
+    return ("id:" if request_id is not None else "msg:") + digest.hexdigest()
+
+
+class Journal:
+    """The request journal: one SQLite file, used by one bridge process at a time.
+
+    Thread-safe: one connection guarded by a lock. SQLite writes one transaction at a time
+    anyway, and accept()'s look-up-then-insert must be atomic across the MQTT thread and the
+    synthesis threads; a lock around one connection gives that without busy retries, and
+    close() can close the only connection there is (per-thread connections would outlive their
+    threads and could not all be closed).
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        *,
+        keep_done_s: float = 86400,
+        max_entries: int = 10000,
+        lock_timeout_s: float = 5.0,
+    ) -> None:
+        """Open or create the journal at ``path``; raises JournalError when it cannot.
+
+        ``keep_done_s`` is the dedupe window: it should be at least the MQTT session expiry,
+        because the broker redelivers unacked requests for that long. ``max_entries`` bounds the
+        finished entries kept (unfinished ones are never dropped). ``lock_timeout_s`` is how long
+        to wait for another process that still holds the journal, e.g. a bridge shutting down.
+        """
+        self.path = Path(path)
+        self.keep_done_s = keep_done_s
+        self.max_entries = max_entries
+        self._lock = threading.Lock()
+        self._prepare_file()
+        self._connection: sqlite3.Connection | None = self._open(lock_timeout_s)
+
+    # -- opening ----------------------------------------------------------------------------
+
+    def _prepare_file(self) -> None:
+        directory = self.path.parent
+        try:
+            if not directory.exists():
+                # Queued announcements say what happens in a home; only the bridge's user may
+                # read them. An existing directory is left as the user set it up.
+                directory.mkdir(parents=True, mode=0o700)
+                os.chmod(directory, 0o700)  # mkdir applies the umask; 0700 exactly, not less
+            # Created before SQLite opens it, so it is never briefly readable by others; SQLite
+            # gives the -wal file the database file's mode.
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                os.fchmod(fd, 0o600)
+            finally:
+                os.close(fd)
+            _fsync_directory(directory)  # the new file's name survives a power cut, too
+        except OSError as exc:
+            raise JournalError(self.path, f"cannot create it: {exc}") from exc
+
+    def _open(self, lock_timeout_s: float) -> sqlite3.Connection:
+        try:
+            # isolation_level=None: transactions are begun and committed explicitly below.
+            connection = sqlite3.connect(
+                self.path, timeout=lock_timeout_s, isolation_level=None, check_same_thread=False
+            )
+        except sqlite3.Error as exc:
+            raise JournalError(self.path, f"cannot open it: {exc}") from exc
+        try:
+            self._configure(connection)
+            self._check_or_create_schema(connection)
+        except BaseException:
+            connection.close()
+            raise
+        return connection
+
+    def _configure(self, connection: sqlite3.Connection) -> None:
+        try:
+            # Exclusive: a second bridge on the same journal would resume the same unfinished
+            # entries and speak them twice, so it is refused. Set before WAL, so the WAL index
+            # lives in memory and no -shm file is needed.
+            connection.execute("PRAGMA locking_mode = EXCLUSIVE")
+            mode = connection.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            # FULL, not WAL's usual NORMAL: NORMAL survives a crash of the bridge but may lose
+            # the last commits on power loss or a kernel crash. accept() is followed by the ack,
+            # after which the broker drops its copy, so a commit lost then is a request lost.
+            # A lost finish() would speak a request twice. One fsync per commit buys both.
+            connection.execute("PRAGMA synchronous = FULL")
+            # Take the lock now, not at the first request, so a second bridge fails at start.
+            connection.execute("BEGIN EXCLUSIVE")
+            connection.execute("COMMIT")
+        except sqlite3.OperationalError as exc:
+            if "locked" in str(exc) or "busy" in str(exc):
+                raise JournalError(self.path, "in use by another process") from exc
+            raise JournalError(self.path, f"cannot use it: {exc}") from exc
+        except sqlite3.DatabaseError as exc:
+            raise JournalError(self.path, f"damaged or not an SQLite file ({exc})") from exc
+        if str(mode).lower() != "wal":
+            raise JournalError(self.path, f"cannot switch to WAL mode (got {mode!r})")
+
+    def _check_or_create_schema(self, connection: sqlite3.Connection) -> None:
+        try:
+            app_id = connection.execute("PRAGMA application_id").fetchone()[0]
+            version = connection.execute("PRAGMA user_version").fetchone()[0]
+            tables = connection.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
+            if app_id == 0 and version == 0 and tables == 0:
+                # One transaction in the script itself: executescript() commits any open one.
+                connection.executescript(
+                    f"BEGIN IMMEDIATE; {_SCHEMA}"
+                    f"PRAGMA application_id = {_APPLICATION_ID};"
+                    f"PRAGMA user_version = {_SCHEMA_VERSION}; COMMIT;"
+                )
+                _LOGGER.info("Created request journal %s", self.path)
+                return
+            if app_id != _APPLICATION_ID:
+                raise JournalError(self.path, "an SQLite file, but not a tts_bridge journal")
+            if version != _SCHEMA_VERSION:
+                raise JournalError(
+                    self.path, f"journal format {version}, this version reads {_SCHEMA_VERSION}"
+                )
+            # A damaged page found now lets the bridge move the file aside before it acks
+            # anything; found later, it would fail requests one by one. Linear in the file's
+            # size, which max_entries keeps small.
+            problems = [row[0] for row in connection.execute("PRAGMA quick_check(5)")]
+            if problems != ["ok"]:
+                raise JournalError(self.path, "damaged: " + "; ".join(problems))
+        except sqlite3.DatabaseError as exc:
+            raise JournalError(self.path, f"damaged or not an SQLite file ({exc})") from exc
+
+    # -- the request path -------------------------------------------------------------------
+
+    def accept(
+        self,
+        key: str,
+        topic: str,
+        payload: bytes,
+        *,
+        response_topic: str | None,
+        correlation_data: bytes | None,
+        received_at: float,
+        dedupe: bool,
+    ) -> AcceptResult:
+        """Journal a received request, durably, unless it is a duplicate; then ack it.
+
+        With ``dedupe`` (see request_key for when) an entry with the same key from the last
+        ``keep_done_s`` makes this a duplicate: IN_PROGRESS or DONE, nothing written. Otherwise,
+        or when there is no such entry, the request is committed to disk before this returns
+        NEW. Raises JournalError when it cannot be written; the request must then not be acked.
+        """
+        with self._transaction() as connection:
+            if dedupe:
+                row = connection.execute(
+                    "SELECT id, finished_at, outcome FROM entries WHERE key = ? "
+                    "AND (finished_at IS NULL OR finished_at >= ?) ORDER BY id DESC LIMIT 1",
+                    (key, received_at - self.keep_done_s),
+                ).fetchone()
+                if row is not None:
+                    entry_id, finished_at, outcome = row
+                    if finished_at is None:
+                        return AcceptResult(AcceptStatus.IN_PROGRESS, entry_id)
+                    return AcceptResult(AcceptStatus.DONE, entry_id, json.loads(outcome))
+            cursor = connection.execute(
+                "INSERT INTO entries (key, topic, payload, response_topic, correlation_data, "
+                "received_at) VALUES (?, ?, ?, ?, ?, ?)",
+                (key, topic, payload, response_topic, correlation_data, received_at),
+            )
+            entry_id = cursor.lastrowid
+            assert entry_id is not None  # always set after an INSERT into a rowid table
+            return AcceptResult(AcceptStatus.NEW, entry_id)
+
+    def finish(self, entry_id: int, outcome: dict[str, Any]) -> None:
+        """Store the response body that was published and mark the entry done, durably.
+
+        Call it after the answer went out. The payload is dropped: answering a duplicate needs
+        only the outcome, and the text of past announcements is not kept longer than needed.
+        Finishing an entry twice keeps the first outcome (that is the answer already given).
+        """
+        body = json.dumps(outcome, ensure_ascii=False, separators=(",", ":"))
+        with self._transaction() as connection:
+            updated = connection.execute(
+                "UPDATE entries SET finished_at = ?, outcome = ?, payload = X'', "
+                "response_topic = NULL, correlation_data = NULL "
+                "WHERE id = ? AND finished_at IS NULL",
+                (time.time(), body, entry_id),
+            ).rowcount
+            if updated:
+                return
+            exists = connection.execute(
+                "SELECT 1 FROM entries WHERE id = ?", (entry_id,)
+            ).fetchone()
+        if exists is None:
+            raise JournalError(self.path, f"no entry {entry_id} to finish")
+        _LOGGER.warning(
+            "Journal entry %d was already finished; keeping the first outcome", entry_id
+        )
+
+    # -- start-up, look-ups and housekeeping ------------------------------------------------
+
+    def unfinished(self) -> list[JournalEntry]:
+        """Accepted but not finished entries, oldest accepted first: resume these at start."""
+        with self._transaction() as connection:
+            rows = connection.execute(
+                "SELECT id, key, topic, payload, response_topic, correlation_data, received_at "
+                "FROM entries WHERE finished_at IS NULL ORDER BY id"
+            ).fetchall()
+        return [
+            JournalEntry(
+                entry_id=row[0],
+                key=row[1],
+                topic=row[2],
+                payload=bytes(row[3]),
+                response_topic=row[4],
+                correlation_data=bytes(row[5]) if row[5] is not None else None,
+                received_at=row[6],
+            )
+            for row in rows
+        ]
+
+    def outcome(self, key: str) -> dict[str, Any] | None:
+        """The newest stored outcome for ``key``, or None when none is finished (or kept)."""
+        with self._transaction() as connection:
+            row = connection.execute(
+                "SELECT outcome FROM entries WHERE key = ? AND finished_at IS NOT NULL "
+                "ORDER BY id DESC LIMIT 1",
+                (key,),
+            ).fetchone()
+        if row is None:
+            return None
+        result: dict[str, Any] = json.loads(row[0])
+        return result
+
+    def prune(self, now: float | None = None) -> int:
+        """Drop finished entries older than keep_done_s and beyond max_entries; returns how many.
+
+        Unfinished entries are never dropped. Call it at start and then periodically (hourly is
+        plenty); accept() ignores expired entries whether or not they were pruned yet.
+        """
+        cutoff = (time.time() if now is None else now) - self.keep_done_s
+        with self._transaction() as connection:
+            expired = connection.execute(
+                "DELETE FROM entries WHERE finished_at IS NOT NULL AND finished_at < ?", (cutoff,)
+            ).rowcount
+            surplus = connection.execute(
+                "DELETE FROM entries WHERE finished_at IS NOT NULL AND id NOT IN ("
+                "SELECT id FROM entries WHERE finished_at IS NOT NULL ORDER BY id DESC LIMIT ?)",
+                (self.max_entries,),
+            ).rowcount
+        if expired or surplus:
+            _LOGGER.debug("Journal pruned: %d expired, %d over the limit", expired, surplus)
+        return expired + surplus
+
+    def close(self) -> None:
+        """Close the file and release it for another process; safe to call twice."""
+        with self._lock:
+            if self._connection is not None:
+                self._connection.close()
+                self._connection = None
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Journal({str(self.path)!r})"
+
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        """The connection in one transaction under the lock; sqlite3 errors become JournalError."""
+        with self._lock:
+            connection = self._connection
+            if connection is None:
+                raise JournalError(self.path, "closed")
+            try:
+                # The file is locked exclusively by this process, so IMMEDIATE never waits; it
+                # just makes the look-up and the insert in accept() one transaction.
+                connection.execute("BEGIN IMMEDIATE")
+                try:
+                    yield connection
+                except BaseException:
+                    if connection.in_transaction:  # some errors (disk full) roll back already
+                        connection.execute("ROLLBACK")
+                    raise
+                connection.execute("COMMIT")
+            except sqlite3.Error as exc:
+                # Disk full, I/O error, damage found late: the caller must not ack.
+                raise JournalError(self.path, f"{type(exc).__name__}: {exc}") from exc
+
+
+def _fsync_directory(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

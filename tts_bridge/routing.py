@@ -1,0 +1,126 @@
+"""Tier routing: estimate when the quality tier would finish a live request and pick a tier.
+
+Costs are seconds of compute per character of text, learned per engine from real runs (an
+exponentially weighted mean) and seeded with figures measured by `tts-bridge bench` on a 2-core
+x86_64 machine, so the first request already routes sensibly.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Literal
+
+from tts_bridge.engines.base import Tier
+from tts_bridge.engines.registry import Voice
+
+_LOGGER = logging.getLogger(__name__)
+
+# Seconds of compute per character, from `tts-bridge bench` here (Piper joe: median sentence of
+# 47 characters in 124 ms; hibari: 22 ms). ChatTTS on torch FP32 runs at RTF ~4 (issue figures).
+SEED_SECONDS_PER_CHAR: dict[str, float] = {
+    "piper": 0.0026,
+    "hibari": 0.0005,
+    "chattts": 0.27,
+    "chattts-onnx": 0.06,
+}
+DEFAULT_SECONDS_PER_CHAR = 0.01
+_ALPHA = 0.2  # weight of the newest observation in the running mean
+
+Reason = Literal[
+    "forced", "cached", "within_budget", "over_budget", "no_fast_voice", "language", "hysteresis"
+]
+
+
+class CostEstimator:
+    """Running seconds-per-character estimate per engine identity (thread-safe)."""
+
+    def __init__(self, known: dict[str, float] | None = None) -> None:
+        self._lock = threading.Lock()
+        self._per_char: dict[str, float] = dict(known or {})
+        self._samples: dict[str, int] = {}
+
+    def seconds(self, engine_name: str, identity: str, chars: int) -> float:
+        with self._lock:
+            rate = self._per_char.get(identity)
+        if rate is None:
+            rate = SEED_SECONDS_PER_CHAR.get(engine_name, DEFAULT_SECONDS_PER_CHAR)
+        return rate * chars
+
+    def observe(self, engine_name: str, identity: str, chars: int, seconds: float) -> None:
+        if chars <= 0 or seconds <= 0:
+            return
+        observed = seconds / chars
+        with self._lock:
+            old = self._per_char.get(identity)
+            if old is None:
+                old = SEED_SECONDS_PER_CHAR.get(engine_name, observed)
+            self._per_char[identity] = (1 - _ALPHA) * old + _ALPHA * observed
+            self._samples[identity] = self._samples.get(identity, 0) + 1
+
+    def snapshot(self) -> dict[str, float]:
+        with self._lock:
+            return dict(self._per_char)
+
+
+@dataclass(frozen=True)
+class Route:
+    """Which voice answers a request, and why."""
+
+    voice: Voice
+    tier: Tier
+    reason: Reason
+    estimate_s: float
+    """Estimated time until the quality tier would have finished this request."""
+
+
+class TierRouter:
+    """Chooses quality or fast for each live request; remembers its mode for hysteresis."""
+
+    def __init__(self, budget_ms: int, hysteresis: float) -> None:
+        self._budget_s = budget_ms / 1000
+        self._hysteresis = hysteresis
+        self._fast_mode = False
+        self._lock = threading.Lock()
+
+    @property
+    def fast_mode(self) -> bool:
+        return self._fast_mode
+
+    def choose(  # noqa: PLR0911 - one return per routing rule reads clearest
+        self,
+        quality: Voice,
+        fast: Voice | None,
+        *,
+        language: str | None,
+        uncached_cost_s: float,
+        backlog_s: float,
+        forced: Tier | None = None,
+        budget_ms: int | None = None,
+    ) -> Route:
+        """`uncached_cost_s`: the quality tier's work for this text (cached sentences cost ~0)."""
+        estimate = backlog_s + uncached_cost_s
+        if forced == "fast" and fast is not None:
+            return Route(fast, "fast", "forced", estimate)
+        if forced is not None:
+            return Route(quality, "quality", "forced", estimate)
+        if uncached_cost_s == 0:
+            return Route(quality, "quality", "cached", estimate)
+        if fast is None:
+            return Route(quality, "quality", "no_fast_voice", estimate)
+        if language is not None and language not in fast.engine.languages:
+            return Route(quality, "quality", "language", estimate)
+        budget = self._budget_s if budget_ms is None else budget_ms / 1000
+        with self._lock:
+            if estimate > budget:
+                if not self._fast_mode:
+                    _LOGGER.info("Quality tier busy (%.1f s > %.1f s): fast tier", estimate, budget)
+                self._fast_mode = True
+                return Route(fast, "fast", "over_budget", estimate)
+            if self._fast_mode and estimate > budget * self._hysteresis:
+                return Route(fast, "fast", "hysteresis", estimate)
+            if self._fast_mode:
+                _LOGGER.info("Quality tier has room again (%.1f s): quality tier", estimate)
+            self._fast_mode = False
+        return Route(quality, "quality", "within_budget", estimate)
