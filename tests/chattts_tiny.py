@@ -27,6 +27,7 @@ Run as a script to write one: ``python tests/chattts_tiny.py DEST``.
 
 from __future__ import annotations
 
+import importlib
 import json
 import sys
 from dataclasses import asdict
@@ -45,8 +46,7 @@ HOP_LENGTH = 256
 # Sizes of the tiny model: big enough to exercise every layer type, small enough to load fast.
 HIDDEN_SIZE = 32
 NUM_LAYERS = 2
-NUM_HEADS = 2
-INTERMEDIATE_SIZE = 64
+HEAD_DIM = 16
 DVAE_VQ_DIM = 32
 SMALL_CHANNELS = 16
 
@@ -83,29 +83,33 @@ _CJK = (
 )
 
 
-def make_tiny_checkpoint(dest: Path, seed: int = 0, *, num_text_tokens: int | None = None) -> Path:
+def make_tiny_checkpoint(
+    dest: Path, seed: int = 0, *, hidden_size: int = HIDDEN_SIZE, num_layers: int = NUM_LAYERS
+) -> Path:
     """Write a tiny random ChatTTS checkpoint under ``dest``; returns ``dest``.
 
-    The same seed writes byte-identical files, so their hashes are stable. ``num_text_tokens``
-    pads the text vocabulary with filler tokens (the real model has 21178) when a test needs a
-    checkpoint of a measurable size, e.g. to see memory come back after unloading.
+    The same arguments write byte-identical files, so their hashes are stable. A larger
+    ``hidden_size``/``num_layers`` (the real model: 768 x 20) makes a checkpoint of measurable
+    size, e.g. to watch memory come back after unloading; ``hidden_size`` must be a multiple of 16.
     """
     import torch
 
+    if hidden_size % HEAD_DIM:
+        raise ValueError(f"hidden_size must be a multiple of {HEAD_DIM}")
     asset = dest / "asset"
     (asset / "gpt").mkdir(parents=True, exist_ok=True)
     (asset / "tokenizer").mkdir(parents=True, exist_ok=True)
 
-    vocab_size = _write_tokenizer(asset / "tokenizer", num_text_tokens)
+    vocab_size = _write_tokenizer(asset / "tokenizer")
     # A private RNG stream: the test process's global torch RNG is left as it was.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        _write_gpt(asset / "gpt")
-        _write_embed(asset / "Embed.safetensors", vocab_size)
+        _write_gpt(asset / "gpt", hidden_size, num_layers)
+        _write_embed(asset / "Embed.safetensors", hidden_size, vocab_size)
         _write_dvae(asset / "DVAE.safetensors")
-        _write_decoder(asset / "Decoder.safetensors")
+        _write_decoder(asset / "Decoder.safetensors", hidden_size)
         _write_vocos(asset / "Vocos.safetensors")
-    _write_spk_stat(asset / "spk_stat.json", seed)
+    _write_spk_stat(asset / "spk_stat.json", hidden_size, seed)
     return dest
 
 
@@ -116,7 +120,7 @@ def _save(module_state: dict[str, Any], path: Path) -> None:
     save_file(tensors, str(path))
 
 
-def _write_gpt(folder: Path) -> None:
+def _write_gpt(folder: Path, hidden_size: int, num_layers: int) -> None:
     from transformers import LlamaConfig, LlamaModel
 
     config: dict[str, Any] = {
@@ -125,14 +129,14 @@ def _write_gpt(folder: Path) -> None:
         "attention_bias": False,
         "attention_dropout": 0.0,
         "hidden_act": "silu",
-        "hidden_size": HIDDEN_SIZE,
+        "hidden_size": hidden_size,
         "initializer_range": 0.02,
-        "intermediate_size": INTERMEDIATE_SIZE,
+        "intermediate_size": 2 * hidden_size,
         "max_position_embeddings": 4096,
         "mlp_bias": False,
-        "num_attention_heads": NUM_HEADS,
-        "num_hidden_layers": NUM_LAYERS,
-        "num_key_value_heads": NUM_HEADS,
+        "num_attention_heads": hidden_size // HEAD_DIM,
+        "num_hidden_layers": num_layers,
+        "num_key_value_heads": hidden_size // HEAD_DIM,
         "rms_norm_eps": 1e-6,
         "rope_theta": 10000.0,
         "tie_word_embeddings": False,
@@ -155,11 +159,18 @@ def _write_gpt(folder: Path) -> None:
     _save(state, folder / "model.safetensors")
 
 
-def _write_embed(path: Path, num_text_tokens: int) -> None:
+def _write_embed(path: Path, hidden_size: int, num_text_tokens: int) -> None:
     from ChatTTS.model.embed import Embed
 
-    embed = Embed(HIDDEN_SIZE, NUM_AUDIO_TOKENS, num_text_tokens, NUM_VQ)
-    _save(embed.state_dict(), path)
+    embed = Embed(hidden_size, NUM_AUDIO_TOKENS, num_text_tokens, NUM_VQ)
+    state = embed.state_dict()
+    # Random heads would sample the EOS code every few steps; a zero-gain EOS row gives it logit
+    # 0, far outside the top-K of the other random logits. Generations then run to the token
+    # budget the engine sets, so test audio has a predictable, plausible length.
+    eos = NUM_AUDIO_TOKENS - 1
+    for index in range(NUM_VQ):
+        state[f"head_code.{index}.parametrizations.weight.original0"][eos] = 0.0
+    _save(state, path)
 
 
 def _write_dvae(path: Path) -> None:
@@ -178,48 +189,46 @@ def _write_dvae(path: Path) -> None:
     _save(dvae.state_dict(), path)
 
 
-def _write_decoder(path: Path) -> None:
+def _write_decoder(path: Path, hidden_size: int) -> None:
     from ChatTTS.config.config import Decoder
     from ChatTTS.model.dvae import DVAE
 
-    idim = HIDDEN_SIZE // 2  # ChatTTS folds each GPT hidden state into two mel frames
+    idim = hidden_size // 2  # ChatTTS folds each GPT hidden state into two mel frames
     config = Decoder(idim=idim, odim=idim, hidden=SMALL_CHANNELS, n_layer=1, bn_dim=8)
     decoder = DVAE(decoder_config=asdict(config), dim=idim)
     _save(decoder.state_dict(), path)
 
 
 def _write_vocos(path: Path) -> None:
-    from vocos import Vocos
-    from vocos.feature_extractors import MelSpectrogramFeatures
-    from vocos.heads import ISTFTHead
-    from vocos.models import VocosBackbone
+    # vocos and pybase16384 ship no type information; importlib keeps mypy from asking for it.
+    vocos = importlib.import_module("vocos")
+    features = importlib.import_module("vocos.feature_extractors")
+    heads = importlib.import_module("vocos.heads")
+    models = importlib.import_module("vocos.models")
 
-    vocos = Vocos(
-        feature_extractor=MelSpectrogramFeatures(
+    vocoder = vocos.Vocos(
+        feature_extractor=features.MelSpectrogramFeatures(
             sample_rate=24000, n_fft=N_FFT, hop_length=HOP_LENGTH, n_mels=N_MELS, padding="center"
         ),
-        backbone=VocosBackbone(
+        backbone=models.VocosBackbone(
             input_channels=N_MELS, dim=SMALL_CHANNELS, intermediate_dim=32, num_layers=1
         ),
-        head=ISTFTHead(dim=SMALL_CHANNELS, n_fft=N_FFT, hop_length=HOP_LENGTH, padding="center"),
+        head=heads.ISTFTHead(
+            dim=SMALL_CHANNELS, n_fft=N_FFT, hop_length=HOP_LENGTH, padding="center"
+        ),
     )
-    _save(vocos.state_dict(), path)
+    _save(vocoder.state_dict(), path)
 
 
-def _write_tokenizer(folder: Path, num_text_tokens: int | None) -> int:
+def _write_tokenizer(folder: Path) -> int:
     """A BERT WordPiece tokenizer with ChatTTS's special tokens appended; returns its size."""
     from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers
     from tokenizers.models import WordPiece
 
-    pieces: list[str] = [*_BERT_SPECIAL]
     letters = "abcdefghijklmnopqrstuvwxyz0123456789"
-    for char in _PUNCTUATION + letters + _CJK:
-        if char not in pieces:
-            pieces.append(char)
+    # dict.fromkeys drops repeated characters and keeps the order (the ids stay stable).
+    pieces = list(dict.fromkeys([*_BERT_SPECIAL, *(_PUNCTUATION + letters + _CJK)]))
     pieces.extend(f"##{c}" for c in letters)
-    if num_text_tokens is not None:
-        filler = num_text_tokens - len(CHATTTS_SPECIAL_TOKENS) - len(pieces)
-        pieces.extend(f"[unused{i}]" for i in range(max(0, filler)))
     vocab = {piece: index for index, piece in enumerate(pieces)}
 
     tokenizer = Tokenizer(WordPiece(vocab, unk_token="[UNK]", max_input_chars_per_word=100))
@@ -253,12 +262,11 @@ def _write_tokenizer(folder: Path, num_text_tokens: int | None) -> int:
     return tokenizer.get_vocab_size(with_added_tokens=True)
 
 
-def _write_spk_stat(path: Path, seed: int) -> None:
-    import pybase16384
-
+def _write_spk_stat(path: Path, hidden_size: int, seed: int) -> None:
+    pybase16384 = importlib.import_module("pybase16384")
     rng = np.random.default_rng(seed)
-    std = rng.uniform(0.5, 1.5, HIDDEN_SIZE)
-    mean = rng.normal(0.0, 0.2, HIDDEN_SIZE)
+    std = rng.uniform(0.5, 1.5, hidden_size)
+    mean = rng.normal(0.0, 0.2, hidden_size)
     stat = np.concatenate([std, mean]).astype(np.float16)
     encoded = pybase16384.encode_to_string(stat.tobytes())
     _write_json(
@@ -266,7 +274,7 @@ def _write_spk_stat(path: Path, seed: int) -> None:
         {
             "format": SPK_STAT_FORMAT,
             "version": 1,
-            "hidden_size": HIDDEN_SIZE,
+            "hidden_size": hidden_size,
             "spk_stat": encoded,
         },
     )

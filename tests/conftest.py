@@ -407,9 +407,12 @@ class BridgeFactory:
             },
             "cache": {"dir": str(self.tmp_path / "cache"), "max_mb": 64},
             "models": {"dir": str(self.tmp_path / "models")},
+            "journal": {"path": str(self.tmp_path / "journal.sqlite3")},
         }
 
-    def __call__(self, **overrides: Any) -> RunningBridge:
+    def __call__(self, _wait_online: bool = True, **overrides: Any) -> RunningBridge:
+        """Start a bridge with ``overrides`` merged into the config; by default wait until it
+        is online (``_wait_online=False`` for a bridge that is expected never to get there)."""
         config = deep_merge(self.default_config(), overrides)
         base_topic = str(config["mqtt"]["base_topic"])
         n = len(self.bridges) + 1
@@ -420,9 +423,10 @@ class BridgeFactory:
         # Subscribed before the process starts: the bridge's own "online" then arrives as a live
         # message (retain flag 0), while a stale retained state from an earlier bridge arrives
         # with the retain flag set and is ignored.
-        watcher = MqttProbe(self.broker.host, self.broker.port).connect()
+        watcher = MqttProbe(self.broker.host, self.broker.port).connect() if _wait_online else None
         try:
-            watcher.subscribe(f"{base_topic}/bridge/state")
+            if watcher is not None:
+                watcher.subscribe(f"{base_topic}/bridge/state")
             log_file = log_path.open("wb")
             command = [sys.executable, "-m", "tts_bridge", "run", "--config", str(config_path)]
             proc = subprocess.Popen(
@@ -435,9 +439,11 @@ class BridgeFactory:
             )
             bridge = RunningBridge(proc, config, config_path, log_path, base_topic, log_file)
             self.bridges.append(bridge)
-            self._wait_online(bridge, watcher)
+            if watcher is not None:
+                self._wait_online(bridge, watcher)
         finally:
-            watcher.close()
+            if watcher is not None:
+                watcher.close()
         return bridge
 
     def _wait_online(self, bridge: RunningBridge, watcher: MqttProbe) -> None:

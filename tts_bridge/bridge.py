@@ -25,6 +25,7 @@ from tts_bridge.config import Settings
 from tts_bridge.engines.base import EngineError
 from tts_bridge.engines.registry import UnknownVoiceError
 from tts_bridge.idle import IdleWork
+from tts_bridge.journal import AcceptStatus, Journal, JournalError, request_key
 from tts_bridge.mqtt.client import IncomingMessage, MqttConnection, OutgoingMessage
 from tts_bridge.mqtt.protocol import (
     ProtocolError,
@@ -39,7 +40,7 @@ from tts_bridge.mqtt.protocol import (
 )
 from tts_bridge.routing import Route, TierRouter
 from tts_bridge.scheduler import Scheduler
-from tts_bridge.synthesis import Plan, RequestError, SentenceAudio, Synthesizer
+from tts_bridge.synthesis import Plan, Rendering, RequestError, SentenceAudio, Synthesizer
 from tts_bridge.textlog import short
 
 _LOGGER = logging.getLogger(__name__)
@@ -54,6 +55,32 @@ class ReplyTo:
 
     response_topic: str | None
     correlation_data: bytes | None
+
+
+def open_journal(settings: Settings) -> Journal:
+    """Open the request journal; a damaged one is moved aside (its entries are lost, logged)."""
+    path = settings.journal.path
+    try:
+        return Journal(path, keep_done_s=settings.journal.keep_done_s)
+    except JournalError as exc:
+        if "in use" in str(exc):
+            raise
+        aside = path.with_name(f"{path.name}.damaged-{int(time.time())}")
+        _LOGGER.error("%s; moving it to %s and starting a new journal", exc, aside)
+        path.rename(aside)
+        return Journal(path, keep_done_s=settings.journal.keep_done_s)
+
+
+@dataclass(frozen=True)
+class Accepted:
+    """A request that passed validation and the journal, with its chosen route."""
+
+    request: SayRequest
+    plan: Plan
+    route: Route
+    reply: ReplyTo
+    received: float
+    entry_id: int | None
 
 
 class ApiError(Exception):
@@ -82,9 +109,13 @@ class Bridge:
             idle_max_load=sched.idle_max_load,
             idle_nice=idle_nice,
         )
+        self.journal = open_journal(settings)
+        subscriptions = [self.topics.say, self.topics.say_targets, self.topics.requests]
+        if settings.mqtt.share_group:
+            subscriptions = [f"$share/{settings.mqtt.share_group}/{t}" for t in subscriptions]
         self._connection = MqttConnection(
             settings.mqtt,
-            subscriptions=[self.topics.say, self.topics.say_targets, self.topics.requests],
+            subscriptions=subscriptions,
             will=OutgoingMessage(self.topics.state, OFFLINE, qos=1, retain=True),
             on_message=self._on_message,
             on_connected=self._on_connected,
@@ -110,8 +141,20 @@ class Bridge:
 
     def start(self) -> None:
         self._scheduler.start()
+        self._resume()
         self._connection.start()
         self._health_thread.start()
+
+    def _resume(self) -> None:
+        """Serve what was accepted (and acked) but not answered before the last stop."""
+        self.journal.prune()
+        entries = self.journal.unfinished()
+        if entries:
+            _LOGGER.info("Resuming %d unfinished request(s) from the journal", len(entries))
+        for entry in entries:
+            target = self.topics.target_of(entry.topic) or "default"
+            reply = ReplyTo(entry.response_topic, entry.correlation_data)
+            self._accept_say(target, entry.payload, reply, time.monotonic(), entry.entry_id)
 
     def stop(self, timeout_s: float = 20.0) -> None:
         """Finish queued live work (bounded), publish the offline state, disconnect."""
@@ -124,6 +167,7 @@ class Bridge:
         self._api_pool.shutdown(wait=True, cancel_futures=True)
         self._connection.stop(OutgoingMessage(self.topics.state, OFFLINE, qos=1, retain=True))
         self._synth.cache.close()
+        self.journal.close()
         _LOGGER.info("Stopped")
 
     def wait_connected(self, timeout_s: float) -> bool:
@@ -214,30 +258,53 @@ class Bridge:
     def _on_message(self, message: IncomingMessage) -> None:
         name = self.topics.request_name(message.topic)
         if name is not None:
+            self._connection.ack(message.mid, message.qos)  # API requests are not journaled
             self._api_pool.submit(self._serve_api, name, message)
             return
         target = self.topics.target_of(message.topic)
         if target is None:
+            self._connection.ack(message.mid, message.qos)
             _LOGGER.debug("Ignoring message on %s", message.topic)
             return
-        self._accept_say(target, message, time.monotonic())
-
-    def _accept_say(self, target: str, message: IncomingMessage, received: float) -> None:
         reply = ReplyTo(message.response_topic, message.correlation_data)
+        self._accept_say(target, message.payload, reply, time.monotonic(), message=message)
+
+    def _accept_say(
+        self,
+        target: str,
+        payload: bytes,
+        reply: ReplyTo,
+        received: float,
+        entry_id: int | None = None,
+        *,
+        message: IncomingMessage | None = None,
+    ) -> None:
+        """Parse, validate, journal, ack, route and queue one say request.
+
+        `message` is the live MQTT message (to journal and ack); `entry_id` a resumed entry.
+        """
+        ack = (lambda: self._connection.ack(message.mid, message.qos)) if message else None
         try:
-            request = parse_say(target, message.payload, self._settings.limits)
-        except ProtocolError as exc:
-            self._refuse(exc.request_id, exc.code, str(exc), reply, target)
-            return
-        _LOGGER.info("Request %s for %s: %s", request.id, target, short(request.text))
-        try:  # refuse what cannot be spoken now, rather than after the queue
+            request = parse_say(target, payload, self._settings.limits)
+            _LOGGER.info("Request %s for %s: %s", request.id, target, short(request.text))
             plan = self._synth.validate(request.text, request.voice, request.lang)
-        except RequestError as exc:
-            self._refuse(request.id, exc.code, str(exc), reply, target)
+        except (ProtocolError, RequestError) as exc:
+            rid = exc.request_id if isinstance(exc, ProtocolError) else request.id
+            self._refuse(rid, exc.code, str(exc), reply, target, entry_id=entry_id)
+            if ack:
+                ack()
             return
         except UnknownVoiceError as exc:
-            self._refuse(request.id, "unknown_voice", str(exc.args[0]), reply, target)
+            self._refuse(
+                request.id, "unknown_voice", str(exc.args[0]), reply, target, entry_id=entry_id
+            )
+            if ack:
+                ack()
             return
+        if message is not None:
+            entry_id = self._journal_accept(message, request, reply)
+            if entry_id is None:
+                return  # a duplicate (answered again) or the journal failed (not acked)
         route = self._route(request, plan)
         estimate = self._synth.uncached_cost_s(route.voice, plan.sentences)
         _LOGGER.debug(
@@ -248,7 +315,9 @@ class Bridge:
             route.estimate_s,
         )
         if not self._scheduler.submit_live(
-            lambda: self._serve(request, plan, route, reply, received), estimate
+            lambda: self._serve(Accepted(request, plan, route, reply, received, entry_id)),
+            estimate,
+            force=message is None,
         ):
             self._refuse(
                 request.id,
@@ -257,7 +326,52 @@ class Bridge:
                 "retry later",
                 reply,
                 target,
+                entry_id=entry_id,
             )
+
+    def _journal_accept(
+        self, message: IncomingMessage, request: SayRequest, reply: ReplyTo
+    ) -> int | None:
+        """Journal the request durably, then ack it; None when it must not be served now."""
+        key = request_key(
+            message.topic,
+            message.payload,
+            request_id=request.id if request.id_given else None,
+            packet_id=message.mid,
+        )
+        try:
+            result = self.journal.accept(
+                key,
+                message.topic,
+                message.payload,
+                response_topic=reply.response_topic,
+                correlation_data=reply.correlation_data,
+                received_at=time.time(),
+                dedupe=request.id_given or message.duplicate,
+            )
+        except JournalError as exc:
+            # Not acked: the broker delivers it again after a reconnect.
+            _LOGGER.error("Cannot journal request %s (not acknowledged): %s", request.id, exc)
+            return None
+        self._connection.ack(message.mid, message.qos)
+        if result.status is AcceptStatus.NEW:
+            return result.entry_id
+        if result.status is AcceptStatus.DONE and result.outcome is not None:
+            _LOGGER.info("Request %s is a duplicate; answering from the journal", request.id)
+            body = json.dumps(result.outcome).encode()
+            self._connection.publish(OutgoingMessage(self.topics.response("say"), body))
+            if reply.response_topic:
+                self._connection.publish(
+                    OutgoingMessage(
+                        reply.response_topic,
+                        body,
+                        content_type="application/json",
+                        correlation_data=reply.correlation_data,
+                    )
+                )
+        else:
+            _LOGGER.info("Request %s is already being served; duplicate ignored", request.id)
+        return None
 
     def _route(self, request: SayRequest, plan: Plan) -> Route:
         fast_name = plan.voice.settings.fast_voice
@@ -275,32 +389,17 @@ class Bridge:
 
     # synthesis threads
 
-    def _serve(
-        self, request: SayRequest, plan: Plan, route: Route, reply: ReplyTo, received: float
-    ) -> None:
+    def _serve(self, job: Accepted) -> None:
+        request, plan, route, reply = job.request, job.plan, job.route, job.reply
+        received, entry_id = job.received, job.entry_id
         flags = [("id", str(request.id)), ("tier", route.tier)]
-        expiry = self._settings.mqtt.audio_expiry_s or None
-        on_sentence = None
-        if request.stream:
-            last = len(plan.sentences) - 1
+        sample_rate = route.voice.engine.sample_rate
+        pieces: list[SentenceAudio] = []
 
-            def on_sentence(piece: SentenceAudio) -> None:
-                wav = encode_wav(piece.pcm, route.voice.engine.sample_rate)
-                props = [
-                    *flags,
-                    ("seq", str(piece.index)),
-                    ("last", "true" if piece.index == last else "false"),
-                    ("cached", "true" if piece.cached else "false"),
-                ]
-                self._connection.publish(
-                    OutgoingMessage(
-                        self.topics.audio_stream(request.target),
-                        wav,
-                        content_type="audio/wav",
-                        user_properties=props,
-                        expiry_s=expiry,
-                    )
-                )
+        def on_sentence(piece: SentenceAudio) -> None:
+            pieces.append(piece)
+            if request.stream:  # out as soon as it is ready
+                self._publish_sentence(request, flags, piece, len(plan.sentences), sample_rate)
 
         try:
             rendering = self._synth.render_plan(
@@ -311,46 +410,27 @@ class Bridge:
                 on_sentence=on_sentence,
             )
         except RequestError as exc:
-            self._refuse(request.id, exc.code, str(exc), reply, request.target)
+            self._refuse(request.id, exc.code, str(exc), reply, request.target, entry_id=entry_id)
             return
         except EngineError as exc:
-            self._refuse(request.id, "synthesis_failed", str(exc), reply, request.target)
+            self._refuse(
+                request.id, "synthesis_failed", str(exc), reply, request.target, entry_id=entry_id
+            )
             return
         except Exception as exc:
             _LOGGER.exception("Request %s failed", request.id)
+            message = f"internal error: {type(exc).__name__}"
             self._refuse(
-                request.id,
-                "synthesis_failed",
-                f"internal error: {type(exc).__name__}",
-                reply,
-                request.target,
+                request.id, "synthesis_failed", message, reply, request.target, entry_id=entry_id
             )
             return
         if route.voice is not plan.voice and request.use_cache:
             self.idle.note_fast_answer(plan.voice.name, plan.sentences)
         self.idle.note_request(plan.voice.name, plan.sentences)
         flags.append(("cached", "true" if rendering.cached else "false"))
-        if not request.stream:
-            self._connection.publish(
-                OutgoingMessage(
-                    self.topics.audio(request.target),
-                    rendering.wav,
-                    content_type="audio/wav",
-                    user_properties=flags,
-                    expiry_s=expiry,
-                )
-            )
-        if reply.response_topic:
-            self._connection.publish(
-                OutgoingMessage(
-                    reply.response_topic,
-                    rendering.wav,
-                    content_type="audio/wav",
-                    correlation_data=reply.correlation_data,
-                    user_properties=flags,
-                    expiry_s=expiry,
-                )
-            )
+        chunked = self._deliver(job, rendering, pieces, flags)
+        if chunked is None:
+            return
         latency_ms = round((time.monotonic() - received) * 1000, 1)
         data = {
             "target": request.target,
@@ -359,16 +439,16 @@ class Bridge:
             "voice": rendering.voice,
             "requested_voice": plan.voice.name,
             "cached": rendering.cached,
-            "stream": request.stream,
+            "stream": request.stream or chunked,
             "sentences": rendering.sentences,
             "cached_sentences": rendering.cached_sentences,
             "duration_ms": rendering.duration_ms,
             "latency_ms": latency_ms,
             "bytes": len(rendering.wav),
         }
-        self._connection.publish(
-            OutgoingMessage(self.topics.response("say"), ok_response(request.id, data))
-        )
+        body = ok_response(request.id, data)
+        self._connection.publish(OutgoingMessage(self.topics.response("say"), body))
+        self._finish(entry_id, body)
         with self._counts_lock:
             self._answers[route.tier] += 1
             self._last_latency_ms = latency_ms
@@ -385,8 +465,106 @@ class Bridge:
             latency_ms,
         )
 
+    def _deliver(
+        self,
+        job: Accepted,
+        rendering: Rendering,
+        pieces: list[SentenceAudio],
+        flags: list[tuple[str, str]],
+    ) -> bool | None:
+        """Publish the audio; True if it went out per sentence, None if it was refused."""
+        sample_rate = rendering.sample_rate
+        expiry = self._settings.mqtt.audio_expiry_s or None
+        chunked = False
+        if not job.request.stream:
+            topic = self.topics.audio(job.request.target)
+            limit = self._connection.max_payload(topic)
+            if limit is not None and len(rendering.wav) > limit:
+                # Too big for the broker: one WAV per sentence on the stream topic, or an error.
+                # Never publish it whole: paho would reconnect forever on the broker's refusal.
+                if any(len(encode_wav(p.pcm, sample_rate)) > limit for p in pieces):
+                    self._refuse(
+                        job.request.id,
+                        "audio_too_large",
+                        f"a sentence's audio exceeds the broker's limit of {limit} bytes; "
+                        "split the text into shorter sentences",
+                        job.reply,
+                        job.request.target,
+                        entry_id=job.entry_id,
+                    )
+                    return None
+                chunked = True
+                for piece in pieces:
+                    self._publish_sentence(job.request, flags, piece, len(pieces), sample_rate)
+            else:
+                self._connection.publish(
+                    OutgoingMessage(
+                        topic,
+                        rendering.wav,
+                        content_type="audio/wav",
+                        user_properties=flags,
+                        expiry_s=expiry,
+                    )
+                )
+        if job.reply.response_topic:
+            limit = self._connection.max_payload(job.reply.response_topic)
+            if limit is None or len(rendering.wav) <= limit:
+                self._connection.publish(
+                    OutgoingMessage(
+                        job.reply.response_topic,
+                        rendering.wav,
+                        content_type="audio/wav",
+                        correlation_data=job.reply.correlation_data,
+                        user_properties=flags,
+                        expiry_s=expiry,
+                    )
+                )
+            else:
+                _LOGGER.warning("Request %s: audio too big for its response topic", job.request.id)
+        return chunked
+
+    def _publish_sentence(
+        self,
+        request: SayRequest,
+        flags: list[tuple[str, str]],
+        piece: SentenceAudio,
+        count: int,
+        sample_rate: int,
+    ) -> None:
+        """One self-contained WAV per sentence on <base>/audio/<target>/stream, in order."""
+        props = [
+            *flags[:2],
+            ("seq", str(piece.index)),
+            ("last", "true" if piece.index == count - 1 else "false"),
+            ("cached", "true" if piece.cached else "false"),
+        ]
+        self._connection.publish(
+            OutgoingMessage(
+                self.topics.audio_stream(request.target),
+                encode_wav(piece.pcm, sample_rate),
+                content_type="audio/wav",
+                user_properties=props,
+                expiry_s=self._settings.mqtt.audio_expiry_s or None,
+            )
+        )
+
+    def _finish(self, entry_id: int | None, body: bytes) -> None:
+        if entry_id is None:
+            return
+        try:
+            self.journal.finish(entry_id, json.loads(body))
+        except JournalError as exc:
+            _LOGGER.error("Cannot record the answer in the journal: %s", exc)
+
     def _refuse(
-        self, request_id: str | int | None, code: str, message: str, reply: ReplyTo, target: str
+        self,
+        request_id: str | int | None,
+        code: str,
+        message: str,
+        reply: ReplyTo,
+        target: str,
+        *,
+        entry_id: int | None = None,
     ) -> None:
         request_id = request_id if request_id is not None else new_id()
         _LOGGER.warning("Request %s for %s refused (%s): %s", request_id, target, code, message)
@@ -403,6 +581,7 @@ class Bridge:
                     correlation_data=reply.correlation_data,
                 )
             )
+        self._finish(entry_id, body)
 
     # bridge API (its own thread: cache/clear may take a while)
 

@@ -41,6 +41,19 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_default=True)
 
 
+class TlsSettings(_Section):
+    enabled: bool = False
+    """Connect with TLS (usually port 8883)."""
+    ca_file: Path | None = None
+    """CA certificate(s) that signed the broker's certificate; empty = the system's CAs."""
+    cert_file: Path | None = None
+    """Client certificate, for brokers that require one."""
+    key_file: Path | None = None
+    """Private key of the client certificate."""
+    insecure: bool = False
+    """Skip the host name check (only for testing; never in production)."""
+
+
 class MqttSettings(_Section):
     host: str = "127.0.0.1"
     """Broker host name or address."""
@@ -54,6 +67,20 @@ class MqttSettings(_Section):
     """User name for the broker (optional)."""
     password: str | None = Field(None, repr=False)
     """Password for the broker (optional, never logged)."""
+    password_file: Path | None = None
+    """File whose first line is the password (keeps it out of the config file)."""
+    tls: TlsSettings = Field(default_factory=TlsSettings)
+    session_expiry_s: int = Field(86400, ge=0)
+    """How long the broker keeps the bridge's session (and queues requests) while it is away."""
+    share_group: str | None = Field(None, pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    """Several bridges in one group share the say topics (MQTT 5 shared subscription)."""
+    max_message_bytes: int | None = Field(None, ge=1024)
+    """The broker's message size limit if it has one (mosquitto message_size_limit); audio
+    bigger than this (or the Maximum Packet Size the broker announces) is sent per sentence."""
+    max_queued_messages: int = Field(0, ge=0)
+    """Outgoing messages paho may hold beyond its in-flight window (0 = no limit). A limit drops
+    answers under a burst (measured: 1000 requests lost ~200 answers with 1000), and the
+    bridge already bounds what it produces by limits.max_queue, so no limit is the default."""
     keepalive_s: int = Field(60, ge=5, le=3600)
     """MQTT keepalive interval."""
     audio_expiry_s: int = Field(300, ge=0)
@@ -89,6 +116,18 @@ class ModelsSettings(_Section):
     """Folder for model files that do not come with a Python package."""
 
     @field_validator("dir")
+    @classmethod
+    def _expand(cls, value: Path) -> Path:
+        return value.expanduser()
+
+
+class JournalSettings(_Section):
+    path: Path = Field(default_factory=lambda: default_data_dir() / "journal.sqlite3")
+    """Durable journal of accepted requests (created 0600 in a 0700 folder)."""
+    keep_done_s: int = Field(86400, ge=60)
+    """How long answered requests are remembered to answer redelivered duplicates."""
+
+    @field_validator("path")
     @classmethod
     def _expand(cls, value: Path) -> Path:
         return value.expanduser()
@@ -173,6 +212,7 @@ class Settings(_Section):
     mqtt: MqttSettings = Field(default_factory=MqttSettings)
     cache: CacheSettings = Field(default_factory=CacheSettings)
     models: ModelsSettings = Field(default_factory=ModelsSettings)
+    journal: JournalSettings = Field(default_factory=JournalSettings)
     limits: LimitsSettings = Field(default_factory=LimitsSettings)
     synthesis: SynthesisSettings = Field(default_factory=SynthesisSettings)
     voices: dict[str, VoiceSettings] = Field(default_factory=_default_voices)
@@ -193,6 +233,17 @@ class Settings(_Section):
         if not voices:
             raise ValueError("at least one voice is needed")
         return voices
+
+    @model_validator(mode="after")
+    def _read_password_file(self) -> Settings:
+        path = self.mqtt.password_file
+        if path is not None:
+            try:
+                lines = path.expanduser().read_text(encoding="utf-8").splitlines()
+            except OSError as exc:
+                raise ValueError(f"mqtt.password_file: cannot read {path}: {exc.strerror}") from exc
+            self.mqtt.password = lines[0] if lines else ""
+        return self
 
     @model_validator(mode="after")
     def _check_fast_voices(self) -> Settings:

@@ -50,7 +50,10 @@ class Scheduler:
         idle_max_load: float | None = None,
         idle_nice: int = 10,
     ) -> None:
-        self._live: queue.Queue[LiveJob | None] = queue.Queue(maxsize=max_queue)
+        # Unbounded underneath: the bound is enforced in submit_live, so that resumed journal
+        # entries (already acknowledged to the broker) can always be queued.
+        self._live: queue.Queue[LiveJob | None] = queue.Queue()
+        self._max_queue = max_queue
         self._slots = threading.Semaphore(concurrency)
         self._lock = threading.Lock()
         self._running: list[LiveJob] = []
@@ -106,19 +109,18 @@ class Scheduler:
 
     # live work
 
-    def submit_live(self, run: Callable[[], None], estimate_s: float = 0.0) -> bool:
+    def submit_live(
+        self, run: Callable[[], None], estimate_s: float = 0.0, *, force: bool = False
+    ) -> bool:
+        """Queue a live job; False when the queue is full (unless `force`) or stopping."""
         if not self._accepting:
             return False
-        job = LiveJob(run, estimate_s)
         with self._lock:
+            if not force and self._live.qsize() >= self._max_queue:
+                return False
             self._last_live = time.monotonic()
             self._queued_estimate += estimate_s
-        try:
-            self._live.put_nowait(job)
-        except queue.Full:
-            with self._lock:
-                self._queued_estimate -= estimate_s
-            return False
+            self._live.put_nowait(LiveJob(run, estimate_s))
         return True
 
     def stop(self, timeout_s: float) -> bool:
@@ -127,11 +129,8 @@ class Scheduler:
         self._stop.set()
         self._wake.set()
         deadline = time.monotonic() + timeout_s
-        for _ in self._workers:
-            try:  # one stop marker per worker, after the queued jobs
-                self._live.put(None, timeout=max(0.1, deadline - time.monotonic()))
-            except queue.Full:
-                break
+        for _ in self._workers:  # one stop marker per worker, after the queued jobs
+            self._live.put_nowait(None)
         for worker in self._workers:
             worker.join(max(0.1, deadline - time.monotonic()))
         if self._idle_thread.is_alive():

@@ -34,6 +34,8 @@ class IncomingMessage:
     response_topic: str | None
     correlation_data: bytes | None
     duplicate: bool
+    mid: int = 0
+    qos: int = 0
 
 
 @dataclass(frozen=True)
@@ -66,7 +68,13 @@ class OutgoingMessage:
 
 
 class MqttConnection:
-    """Connects, keeps reconnecting with backoff, and (re)subscribes on every connect."""
+    """Connects, keeps reconnecting with backoff, and (re)subscribes on every connect.
+
+    The session is persistent (clean start off, session expiry from the settings), so requests
+    published while the bridge is away are queued by the broker. Messages are acknowledged by
+    the caller (`ack`) once they are safe in the journal: a crash before that makes the broker
+    deliver them again.
+    """
 
     def __init__(
         self,
@@ -81,14 +89,26 @@ class MqttConnection:
         self._on_message = on_message
         self._on_connected = on_connected
         self.connected = threading.Event()
+        self.max_packet_size: int | None = None
+        self.connects = 0
         client = mqtt.Client(
             CallbackAPIVersion.VERSION2,
             client_id=settings.client_id,
             protocol=mqtt.MQTTv5,
             reconnect_on_failure=True,
+            manual_ack=True,
         )
         if settings.username is not None:
             client.username_pw_set(settings.username, settings.password)
+        if settings.tls.enabled:
+            tls = settings.tls
+            client.tls_set(
+                ca_certs=str(tls.ca_file) if tls.ca_file else None,
+                certfile=str(tls.cert_file) if tls.cert_file else None,
+                keyfile=str(tls.key_file) if tls.key_file else None,
+            )
+            client.tls_insecure_set(tls.insecure)
+        client.max_queued_messages_set(settings.max_queued_messages)
         client.will_set(will.topic, will.payload, qos=will.qos, retain=will.retain)
         client.reconnect_delay_set(min_delay=1, max_delay=settings.reconnect_max_delay_s)
         client.on_connect = self._handle_connect
@@ -96,6 +116,8 @@ class MqttConnection:
         client.on_message = self._handle_message
         client.on_subscribe = self._handle_subscribe
         client.on_socket_open = self._handle_socket_open
+        client.on_connect_fail = self._handle_connect_fail
+        self._last_failure: str | None = None
         self._client = client
 
     def start(self) -> None:
@@ -105,8 +127,14 @@ class MqttConnection:
             self._settings.port,
             self._settings.client_id,
         )
+        props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
+        props.SessionExpiryInterval = self._settings.session_expiry_s
         self._client.connect_async(
-            self._settings.host, self._settings.port, keepalive=self._settings.keepalive_s
+            self._settings.host,
+            self._settings.port,
+            keepalive=self._settings.keepalive_s,
+            clean_start=False,
+            properties=props,
         )
         self._client.loop_start()
 
@@ -121,6 +149,19 @@ class MqttConnection:
                     _LOGGER.warning("Could not publish %s before exit: %s", final.topic, exc)
         self._client.disconnect()
         self._client.loop_stop()
+
+    def ack(self, mid: int, qos: int) -> None:
+        """Acknowledge a received message (after it is journaled)."""
+        if qos > 0:
+            self._client.ack(mid, qos)
+
+    def max_payload(self, topic: str) -> int | None:
+        """Largest payload the broker takes on `topic` (None = no known limit)."""
+        limits = [x for x in (self.max_packet_size, self._settings.max_message_bytes) if x]
+        if not limits:
+            return None
+        # Fixed header, topic, packet id and properties (user properties, expiry, content type).
+        return min(limits) - len(topic.encode()) - 512
 
     def publish(self, message: OutgoingMessage) -> mqtt.MQTTMessageInfo | None:
         """Queue a message for sending; paho buffers it while disconnected (QoS >= 1)."""
@@ -158,7 +199,14 @@ class MqttConnection:
                     reason.getName(),
                 )
                 return
-            _LOGGER.info("Connected to the broker (session present: %s)", flags.session_present)
+            self.connects += 1
+            self.max_packet_size = getattr(properties, "MaximumPacketSize", None)
+            _LOGGER.info(
+                "Connected to the broker (session present: %s%s)",
+                flags.session_present,
+                f", maximum packet size {self.max_packet_size}" if self.max_packet_size else "",
+            )
+            # Subscribing again is harmless when the session kept them, and needed when not.
             for topic in self._subscriptions:
                 client.subscribe(topic, qos=1)
             self.connected.set()
@@ -175,6 +223,45 @@ class MqttConnection:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         except OSError as exc:
             _LOGGER.debug("TCP_NODELAY not set: %s", exc)
+
+    def _handle_connect_fail(self, client: mqtt.Client, userdata: Any) -> None:
+        # paho retries silently and does not say why; find out once per distinct reason.
+        try:
+            reason = self._diagnose()
+            if reason != self._last_failure:
+                _LOGGER.error(
+                    "Cannot connect to %s:%d: %s; retrying",
+                    self._settings.host,
+                    self._settings.port,
+                    reason,
+                )
+                self._last_failure = reason
+        except Exception:
+            _LOGGER.exception("Error while handling a failed connection")
+
+    def _diagnose(self) -> str:
+        """Why a TCP (and TLS) connection to the broker fails, in words."""
+        import ssl
+
+        try:
+            with socket.create_connection((self._settings.host, self._settings.port), 5) as sock:
+                tls = self._settings.tls
+                if not tls.enabled:
+                    return "the broker closed the connection"
+                context = ssl.create_default_context(
+                    cafile=str(tls.ca_file) if tls.ca_file else None
+                )
+                if tls.cert_file:
+                    context.load_cert_chain(
+                        str(tls.cert_file), str(tls.key_file) if tls.key_file else None
+                    )
+                context.check_hostname = not tls.insecure
+                with context.wrap_socket(sock, server_hostname=self._settings.host):
+                    return "the TLS handshake succeeded on a second try; the broker closed it"
+        except ssl.SSLError as exc:
+            return f"TLS error: {exc.reason or exc}"  # e.g. CERTIFICATE_VERIFY_FAILED
+        except OSError as exc:
+            return exc.strerror or str(exc)
 
     def _handle_disconnect(
         self,
@@ -220,7 +307,11 @@ class MqttConnection:
                     response_topic=response_topic or None,
                     correlation_data=bytes(correlation) if correlation is not None else None,
                     duplicate=bool(msg.dup),
+                    mid=msg.mid,
+                    qos=msg.qos,
                 )
             )
         except Exception:
             _LOGGER.exception("Error while handling a message on %s", getattr(msg, "topic", "?"))
+            # Ack anyway: a message that breaks the handler would break it again on redelivery.
+            self.ack(msg.mid, msg.qos)

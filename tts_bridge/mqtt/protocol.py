@@ -108,6 +108,8 @@ class SayRequest:
     stream: bool = False
     tier: Literal["quality", "fast"] | None = None
     latency_budget_ms: int | None = None
+    id_given: bool = False
+    """The client chose the id (so a second copy is a duplicate, see journal.request_key)."""
 
 
 def new_id() -> str:
@@ -194,6 +196,7 @@ def parse_say(target: str, payload: bytes, limits: LimitsSettings) -> SayRequest
         stream=parsed.stream,
         tier=parsed.tier,
         latency_budget_ms=parsed.latency_budget_ms,
+        id_given=parsed.id is not None,
     )
 
 
