@@ -71,6 +71,8 @@ class ReceivedMessage:
     qos: int
     seq: int
     """Arrival order within the probe (0, 1, 2, ...)."""
+    received_at: float = 0.0
+    """time.monotonic() when the probe received it."""
 
     def json(self) -> Any:
         return json.loads(self.payload)
@@ -163,6 +165,7 @@ class MqttProbe:
                     retain=bool(message.retain),
                     qos=message.qos,
                     seq=len(self._messages),
+                    received_at=time.monotonic(),
                 )
             )
             self._cond.notify_all()

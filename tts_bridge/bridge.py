@@ -26,6 +26,7 @@ from tts_bridge.engines.base import EngineError
 from tts_bridge.engines.registry import UnknownVoiceError
 from tts_bridge.idle import IdleWork
 from tts_bridge.journal import AcceptStatus, Journal, JournalError, request_key
+from tts_bridge.mqtt import discovery, hermes
 from tts_bridge.mqtt.client import IncomingMessage, MqttConnection, OutgoingMessage
 from tts_bridge.mqtt.protocol import (
     ProtocolError,
@@ -113,6 +114,15 @@ class Bridge:
         subscriptions = [self.topics.say, self.topics.say_targets, self.topics.requests]
         if settings.mqtt.share_group:
             subscriptions = [f"$share/{settings.mqtt.share_group}/{t}" for t in subscriptions]
+        ha = settings.homeassistant
+        self._birth_topic = discovery.birth_topic(ha.prefix)
+        if ha.discovery:
+            subscriptions.append(self._birth_topic)
+        if settings.hermes.enabled:
+            subscriptions += [hermes.SAY, hermes.PLAY_FINISHED_ALL]
+        self._hermes_tracker = hermes.FinishTracker(
+            self._hermes_finished, margin_s=settings.hermes.finish_margin_s
+        )
         self._connection = MqttConnection(
             settings.mqtt,
             subscriptions=subscriptions,
@@ -165,6 +175,7 @@ class Bridge:
         if not self._scheduler.stop(timeout_s):
             _LOGGER.warning("Synthesis still running after %.0f s; exiting anyway", timeout_s)
         self._api_pool.shutdown(wait=True, cancel_futures=True)
+        self._hermes_tracker.close()
         self._connection.stop(OutgoingMessage(self.topics.state, OFFLINE, qos=1, retain=True))
         self._synth.cache.close()
         self.journal.close()
@@ -250,6 +261,28 @@ class Bridge:
     def _on_connected(self) -> None:
         self._connection.publish(OutgoingMessage(self.topics.state, ONLINE, retain=True))
         self._publish_info()
+        self._publish_discovery()
+        self._publish_health()
+
+    def _publish_discovery(self) -> None:
+        """Home Assistant device discovery (retained), or its removal when turned off."""
+        ha = self._settings.homeassistant
+        topic = discovery.discovery_topic(ha.prefix, ha.node_id)
+        if not ha.discovery:
+            self._connection.publish(
+                OutgoingMessage(topic, discovery.removal_payload(), retain=True)
+            )
+            return
+        config = discovery.device_config(
+            base_topic=self.topics.base,
+            node_id=ha.node_id,
+            version=__version__,
+            targets=ha.targets,
+            voices=[v.name for v in self._synth.engines],
+            default_voice=self._synth.engines.default_voice,
+        )
+        payload = discovery.config_payload(config)
+        self._connection.publish(OutgoingMessage(topic, payload, retain=True))
 
     def _publish_info(self) -> None:
         body = json.dumps(self.info()).encode()
@@ -263,8 +296,18 @@ class Bridge:
             return
         target = self.topics.target_of(message.topic)
         if target is None:
+            # Hermes and Home Assistant messages are not journaled: acked at once.
             self._connection.ack(message.mid, message.qos)
-            _LOGGER.debug("Ignoring message on %s", message.topic)
+            if message.topic == self._birth_topic:
+                if discovery.is_birth(message.payload):
+                    _LOGGER.info("Home Assistant is online: publishing discovery again")
+                    self._publish_discovery()
+            elif message.topic == hermes.SAY:
+                self._accept_hermes(message)
+            elif (site := hermes.site_of_play_finished(message.topic)) is not None:
+                self._hermes_tracker.on_play_finished(site, message.payload)
+            else:
+                _LOGGER.debug("Ignoring message on %s", message.topic)
             return
         reply = ReplyTo(message.response_topic, message.correlation_data)
         self._accept_say(target, message.payload, reply, time.monotonic(), message=message)
@@ -582,6 +625,59 @@ class Bridge:
                 )
             )
         self._finish(entry_id, body)
+
+    # Rhasspy Hermes
+
+    def _accept_hermes(self, message: IncomingMessage) -> None:
+        try:
+            say = hermes.parse_hermes_say(
+                message.payload, max_payload_bytes=self._settings.limits.max_payload_bytes
+            )
+            plan = self._synth.validate(say.text, self._settings.hermes.voice, say.language)
+        except hermes.HermesError as exc:
+            self._hermes_error(exc, str(exc))
+            return
+        except RequestError as exc:
+            self._hermes_error(say, str(exc))
+            return
+        except UnknownVoiceError as exc:
+            self._hermes_error(say, str(exc.args[0]))
+            return
+        _LOGGER.info("Hermes request %s for site %s: %s", say.id, say.site_id, short(say.text))
+        request = SayRequest(say.id, say.text, say.site_id, None, say.language, True)
+        route = self._route(request, plan)
+        estimate = self._synth.uncached_cost_s(route.voice, plan.sentences)
+        if not self._scheduler.submit_live(lambda: self._serve_hermes(say, plan, route), estimate):
+            self._hermes_error(say, "the bridge is busy; retry later")
+
+    def _serve_hermes(self, say: hermes.HermesSay, plan: Plan, route: Route) -> None:
+        try:
+            rendering = self._synth.render_plan(
+                plan, route.voice, tier=route.tier, volume=say.volume
+            )
+        except Exception as exc:
+            _LOGGER.warning("Hermes request %s failed: %s", say.id, exc)
+            self._hermes_error(say, f"synthesis failed: {exc}")
+            return
+        self._connection.publish(
+            OutgoingMessage(hermes.play_bytes_topic(say.site_id, say.id), rendering.wav)
+        )
+        self._hermes_tracker.track(say, rendering.duration_ms / 1000)
+        with self._counts_lock:
+            self._answers[route.tier] += 1
+        _LOGGER.info("Hermes request %s played on %s (%s tier)", say.id, say.site_id, route.tier)
+
+    def _hermes_finished(self, say: hermes.HermesSay, reason: str) -> None:
+        _LOGGER.debug("Hermes request %s finished (%s)", say.id, reason)
+        payload = hermes.say_finished_payload(say)
+        self._connection.publish(OutgoingMessage(hermes.SAY_FINISHED, payload))
+
+    def _hermes_error(self, source: hermes.HermesSay | hermes.HermesError, message: str) -> None:
+        _LOGGER.warning("Hermes request refused: %s", message)
+        with self._counts_lock:
+            self._answers["error"] += 1
+        payload = hermes.error_payload(source, message)
+        self._connection.publish(OutgoingMessage(hermes.ERROR, payload))
 
     # bridge API (its own thread: cache/clear may take a while)
 

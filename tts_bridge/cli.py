@@ -162,6 +162,66 @@ def cmd_voices(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def cmd_play(args: argparse.Namespace, settings: Settings) -> int:
+    from tts_bridge.player import run_player
+
+    mqtt = settings.mqtt
+    return run_player(
+        mqtt.host,
+        mqtt.port,
+        mqtt.base_topic,
+        args.target,
+        args.out,
+        username=mqtt.username,
+        password=mqtt.password,
+        count=args.count,
+    )
+
+
+def cmd_prerender(args: argparse.Namespace, settings: Settings) -> int:
+    """Render phrases into the cache without a broker, with a progress line."""
+    from tts_bridge.engines.registry import UnknownVoiceError
+    from tts_bridge.idle import read_phrases
+    from tts_bridge.synthesis import RequestError, prepare_text
+
+    texts = list(args.phrases)
+    if args.file is not None:
+        texts += [
+            line.strip()
+            for line in args.file.read_text(encoding="utf-8").splitlines()
+            if line.strip() and not line.lstrip().startswith("#")
+        ]
+    if not texts:
+        texts = read_phrases(settings)
+    synth = _build_synthesizer(settings, _thread_plan(settings))
+    try:
+        voice = synth.engines.voice(args.voice)
+        sentences = []
+        for text in texts:
+            try:
+                sentences += prepare_text(text, settings.limits.max_text_chars)
+            except RequestError as exc:
+                print(f"skipped ({exc.code}): {text[:60]!r}", file=sys.stderr)
+        options = synth.options_for(voice)
+        rendered = cached = 0
+        for number, sentence in enumerate(sentences, 1):
+            piece = synth.sentence(voice, 0, sentence, options, True)
+            cached += piece.cached
+            rendered += not piece.cached
+            bar = "#" * (30 * number // len(sentences))
+            print(f"\r[{bar:<30}] {number}/{len(sentences)}", end="", file=sys.stderr)
+        print(file=sys.stderr)
+    except UnknownVoiceError as exc:
+        print(f"error (unknown_voice): {exc.args[0]}", file=sys.stderr)
+        return 1
+    finally:
+        synth.cache.close()
+    print(
+        f"{len(sentences)} sentences for voice {voice.name}: {rendered} rendered, {cached} cached"
+    )
+    return 0
+
+
 def cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
     from tts_bridge.bench import run_bench
 
@@ -196,6 +256,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     voices = sub.add_parser("voices", parents=[common], help="list the configured voices")
     voices.set_defaults(func=cmd_voices)
+
+    play = sub.add_parser("play", parents=[common], help="play (or save) what a target receives")
+    play.add_argument("--target", default="default", help="say target to listen to ('+' = all)")
+    play.add_argument("--out", type=Path, help="write WAV files here instead of playing them")
+    play.add_argument("--count", type=int, help="stop after this many messages")
+    play.set_defaults(func=cmd_play)
+
+    pre = sub.add_parser("prerender", parents=[common], help="render phrases into the cache")
+    pre.add_argument("phrases", nargs="*", help="phrases (default: the config's phrases)")
+    pre.add_argument("--file", type=Path, help="a file of phrases, one per line")
+    pre.add_argument("--voice", help="voice (default: default_voice)")
+    pre.set_defaults(func=cmd_prerender)
 
     bench = sub.add_parser("bench", parents=[common], help="measure engines and cache latency")
     bench.add_argument("--requests", type=int, default=200, help="cache-hit requests over MQTT")

@@ -201,6 +201,36 @@ class SchedulerSettings(_Section):
     """Seconds between <base>/bridge/health messages."""
 
 
+class HomeAssistantSettings(_Section):
+    discovery: bool = True
+    """Publish MQTT device discovery so Home Assistant shows the bridge by itself."""
+    prefix: str = Field("homeassistant", pattern=r"^[A-Za-z0-9_/-]{1,64}$")
+    """Home Assistant's discovery prefix."""
+    node_id: str = Field("tts_bridge", pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    """Device id in Home Assistant; distinct per bridge."""
+    targets: list[str] = Field(default_factory=lambda: ["default"])
+    """Speakers (say targets) that get a notify entity each."""
+
+    @field_validator("targets")
+    @classmethod
+    def _check_targets(cls, targets: list[str]) -> list[str]:
+        for target in targets:
+            if not _NAME_RE.match(target):
+                raise ValueError(f"target {target!r} must match {NAME_PATTERN}")
+        if len(set(targets)) != len(targets):
+            raise ValueError("targets must be distinct")
+        return targets
+
+
+class HermesSettings(_Section):
+    enabled: bool = False
+    """Answer Rhasspy Hermes hermes/tts/say requests."""
+    finish_margin_s: float = Field(2.0, ge=0.0, le=60.0)
+    """sayFinished goes out after playFinished, or after the audio's length plus this margin."""
+    voice: str | None = None
+    """Voice for Hermes requests; empty = the default voice."""
+
+
 class LoggingSettings(_Section):
     level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     """Log level; --debug overrides it."""
@@ -218,6 +248,8 @@ class Settings(_Section):
     voices: dict[str, VoiceSettings] = Field(default_factory=_default_voices)
     default_voice: str = "joe"
     scheduler: SchedulerSettings = Field(default_factory=SchedulerSettings)
+    homeassistant: HomeAssistantSettings = Field(default_factory=HomeAssistantSettings)
+    hermes: HermesSettings = Field(default_factory=HermesSettings)
     phrases: list[str] = Field(default_factory=list)
     """Sentences to pre-render in quality at idle (for the default voice)."""
     phrases_file: Path | None = None
@@ -254,6 +286,12 @@ class Settings(_Section):
                 raise ValueError(f"voices.{name}.fast_voice: {voice.fast_voice!r} is not a voice")
             if voice.fast_voice == name:
                 raise ValueError(f"voices.{name}.fast_voice: a voice cannot be its own fast tier")
+        return self
+
+    @model_validator(mode="after")
+    def _check_hermes_voice(self) -> Settings:
+        if self.hermes.voice is not None and self.hermes.voice not in self.voices:
+            raise ValueError(f"hermes.voice: {self.hermes.voice!r} is not a voice")
         return self
 
     @model_validator(mode="after")

@@ -206,6 +206,7 @@ class Synthesizer:
         tier: str | None = None,
         use_cache: bool = True,
         on_sentence: Callable[[SentenceAudio], None] | None = None,
+        volume: float | None = None,
     ) -> Rendering:
         """Render a validated plan with `voice` (the plan's own voice or its fast tier);
         `on_sentence` sees each sentence as soon as it is ready (streaming)."""
@@ -226,6 +227,8 @@ class Synthesizer:
         pcm = np.concatenate(parts) if parts else audio.silence(sample_rate, 0)
         if pcm.size == 0:
             raise RequestError("nothing_speakable", "the voice produced no audio for this text")
+        if volume is not None and volume != 1.0:  # after the cache: it stores full-scale audio
+            pcm = np.asarray(np.round(pcm * volume), dtype="<i2")
         return Rendering(
             wav=audio.encode_wav(pcm, sample_rate),
             sample_rate=sample_rate,
