@@ -484,6 +484,17 @@ def _bridge_environment() -> dict[str, str]:
     return env
 
 
+@pytest.fixture(autouse=True)
+def _private_user_dirs(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every test (and every bridge it starts) gets its own XDG data and cache folders, so a
+    developer's voices file, journal or cache never leaks into a test, nor the reverse."""
+    home = tmp_path_factory.mktemp("xdg")
+    monkeypatch.setenv("XDG_DATA_HOME", str(home / "data"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(home / "cache"))
+
+
 @pytest.fixture
 def bridge_factory(broker: LocalBroker, tmp_path: Path) -> Iterator[BridgeFactory]:
     """Start the real bridge (``python -m tts_bridge run``); every bridge is stopped afterwards."""

@@ -39,7 +39,7 @@ def test_example_config_loads_and_matches_defaults() -> None:
 
 def test_example_config_documents_every_key() -> None:
     text = EXAMPLE.read_text(encoding="utf-8")
-    documented = set(re.findall(r"^\s*([a-z_]+):", text, flags=re.MULTILINE))
+    documented = set(re.findall(r"^\s*([a-z_0-9]+):", text, flags=re.MULTILINE))
     leaves = {key.rsplit(".", 1)[-1] for key in _keys(Settings)}
     voice_keys = set(Settings().voices["joe"].model_dump())
     missing = (leaves | voice_keys) - documented

@@ -145,7 +145,9 @@ class Bridge:
         self._answers = {"quality": 0, "fast": 0, "error": 0}
         self._last_latency_ms: float | None = None
         self._last_tier: str | None = None
-        self._health_thread = threading.Thread(target=self._health_loop, name="health", daemon=True)
+        self._health_thread = threading.Thread(
+            target=self._maintenance_loop, name="maintenance", daemon=True
+        )
 
     # lifecycle
 
@@ -242,15 +244,29 @@ class Bridge:
             },
             "rss_mb": round(psutil.Process().memory_info().rss / 2**20, 1),
             "loaded_models": self._synth.engines.loaded(),
+            "model_memory_mb": {k: round(v) for k, v in self._synth.engines.resident_mb().items()},
+            "memory_budget_mb": self._synth.engines.memory_budget_mb,
         }
 
-    def _health_loop(self) -> None:
-        while not self._stopped.wait(self._settings.scheduler.health_interval_s):
+    def _maintenance_loop(self) -> None:
+        """Periodic chores: health reports, unloading idle models, pruning the journal."""
+        health_every = self._settings.scheduler.health_interval_s
+        idle_unload = self._settings.models.idle_unload_s
+        next_health = next_prune = time.monotonic() + health_every
+        while not self._stopped.wait(1.0):
+            now = time.monotonic()
             try:
-                if self._connection.connected.is_set():
-                    self._publish_health()
+                if now >= next_health:
+                    next_health = now + health_every
+                    if self._connection.connected.is_set():
+                        self._publish_health()
+                if idle_unload and not self._scheduler.active:
+                    self._synth.engines.unload_idle(idle_unload)
+                if now >= next_prune:
+                    next_prune = now + 3600
+                    self.journal.prune()
             except Exception:
-                _LOGGER.exception("Health report failed")
+                _LOGGER.exception("Maintenance failed")
 
     def _publish_health(self) -> None:
         body = json.dumps(self.health()).encode()
@@ -330,7 +346,7 @@ class Bridge:
         try:
             request = parse_say(target, payload, self._settings.limits)
             _LOGGER.info("Request %s for %s: %s", request.id, target, short(request.text))
-            plan = self._synth.validate(request.text, request.voice, request.lang)
+            plan = self._synth.validate(request.text, request.voice, request.lang, request.options)
         except (ProtocolError, RequestError) as exc:
             rid = exc.request_id if isinstance(exc, ProtocolError) else request.id
             self._refuse(rid, exc.code, str(exc), reply, target, entry_id=entry_id)
@@ -419,7 +435,11 @@ class Bridge:
     def _route(self, request: SayRequest, plan: Plan) -> Route:
         fast_name = plan.voice.settings.fast_voice
         fast = self._synth.engines.voice(fast_name) if fast_name else None
-        cost = self._synth.uncached_cost_s(plan.voice, plan.sentences) if request.use_cache else 1.0
+        cost = (
+            self._synth.uncached_cost_s(plan.voice, plan.sentences, plan.options)
+            if request.use_cache
+            else 1.0
+        )
         return self._router.choose(
             plan.voice,
             fast,

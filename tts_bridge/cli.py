@@ -5,10 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import re
 import signal
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
 _LOGGER = logging.getLogger(__name__)
 
 EXIT_CONFIG = 2
+DEFAULT_BENCH_OUT = Path("bench/results/bench.json")
 
 
 def _setup_logging(settings: Settings | None, debug: bool) -> None:
@@ -67,12 +69,32 @@ def _thread_plan(settings: Settings) -> ThreadPlan:
     )
 
 
+def _expected_hashes(settings: Settings) -> Callable[[Path], Mapping[str, str] | None]:
+    """Expected SHA-256 per file of a model folder, from the model manifests."""
+    from tts_bridge import models
+
+    finder = getattr(models, "expected_hashes_for", None)
+    if finder is None:
+        return lambda _: None
+
+    def expected(path: Path) -> Mapping[str, str] | None:
+        result: Mapping[str, str] | None = finder(path, settings.models.dir)
+        return result
+
+    return expected
+
+
 def _build_synthesizer(settings: Settings, plan: ThreadPlan) -> Synthesizer:
     from tts_bridge.cache import SentenceCache
     from tts_bridge.engines.registry import EnginePool
     from tts_bridge.synthesis import Synthesizer
 
-    pool = EnginePool(settings, threads=plan.onnx_intra_op_threads)
+    pool = EnginePool(
+        settings,
+        threads=plan.onnx_intra_op_threads,
+        memory_budget_mb=plan.memory_budget_mb,
+        expected_hashes=_expected_hashes(settings),
+    )
     return Synthesizer(settings, pool, SentenceCache(settings.cache))
 
 
@@ -222,10 +244,114 @@ def cmd_prerender(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def cmd_voices_new(args: argparse.Namespace, settings: Settings) -> int:
+    """Sample a ChatTTS speaker deterministically from a seed and store it in the voices file."""
+    import hashlib
+
+    import yaml
+
+    from tts_bridge.config import NAME_PATTERN, VoiceSettings
+    from tts_bridge.engines.base import EngineError
+    from tts_bridge.engines.chattts_torch import ChatTTSEngine
+
+    if not re.match(NAME_PATTERN, args.name):
+        print(f"error: voice name must match {NAME_PATTERN}", file=sys.stderr)
+        return 1
+    if args.name in settings.voices and not args.force:
+        print(f"error: voice {args.name!r} exists (use --force to replace it)", file=sys.stderr)
+        return 1
+    model = args.model
+    if model is None:
+        chattts = [v for v in settings.voices.values() if v.engine == "chattts" and v.model]
+        if not chattts:
+            print(
+                "error: give --model CHECKPOINT_DIR (no chattts voice configured)", file=sys.stderr
+            )
+            return 1
+        model = chattts[0].model
+    assert model is not None
+    folder = model if model.is_absolute() else settings.models.dir / model
+    engine = ChatTTSEngine(folder, expected_sha256=_expected_hashes(settings)(folder))
+    try:
+        spk_emb = engine.sample_speaker(args.seed)
+    except EngineError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    entry = VoiceSettings(
+        engine="chattts",
+        model=model,
+        spk_emb=spk_emb,
+        spk_emb_sha256=hashlib.sha256(spk_emb.encode()).hexdigest(),
+        fast_voice=args.fast_voice if args.fast_voice in settings.voices else None,
+        description=f"ChatTTS speaker from seed {args.seed}",
+    )
+    path = settings.voices_file
+    existing: dict[str, Any] = {}
+    if path.is_file():
+        existing = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    existing.setdefault("voices", {})[args.name] = entry.model_dump(mode="json", exclude_none=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(yaml.safe_dump(existing, sort_keys=False, width=1 << 20), encoding="utf-8")
+    tmp.replace(path)  # atomic: a crash never leaves half a voices file
+    print(f"voice {args.name!r} (seed {args.seed}) written to {path}")
+    return 0
+
+
+def cmd_doctor(args: argparse.Namespace, settings: Settings) -> int:
+    from tts_bridge.doctor import run_doctor
+
+    return run_doctor(settings, _thread_plan(settings), sys.stdout)
+
+
 def cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
+    if args.sweep:
+        from tts_bridge.bench_sweep import run_sweep
+
+        out = args.out if args.out != DEFAULT_BENCH_OUT else args.out.with_name("sweep.json")
+        run_sweep(settings, out, repeats=args.repeats)
+        return 0
     from tts_bridge.bench import run_bench
 
     return int(run_bench(settings, args))
+
+
+def _add_voices_parser(sub: Any, common: argparse.ArgumentParser) -> None:
+    voices = sub.add_parser("voices", parents=[common], help="list or make voices")
+    voices.set_defaults(func=cmd_voices)
+    voices_sub = voices.add_subparsers(dest="voices_command")
+    voices_list = voices_sub.add_parser("list", parents=[common], help="list the voices")
+    voices_list.set_defaults(func=cmd_voices)
+    new = voices_sub.add_parser("new", parents=[common], help="make a ChatTTS voice from a seed")
+    new.add_argument("name", help="voice name")
+    new.add_argument("--seed", type=int, required=True, help="the same seed gives the same voice")
+    new.add_argument(
+        "--model", type=Path, help="ChatTTS checkpoint folder (default: a chattts voice's)"
+    )
+    new.add_argument("--fast-voice", default="heart", help="fast tier voice (default: heart)")
+    new.add_argument("--force", action="store_true", help="replace an existing voice")
+    new.set_defaults(func=cmd_voices_new)
+
+
+def cmd_models(args: argparse.Namespace, settings: Settings) -> int:
+    from tts_bridge import models
+
+    if args.models_command == "add":
+        return models.cmd_models_add(settings, args.name, args.path)
+    if args.models_command == "verify":
+        return models.cmd_models_verify(settings)
+    return models.cmd_models_list(settings)
+
+
+def _add_models_parser(sub: Any, common: argparse.ArgumentParser) -> None:
+    parser = sub.add_parser("models", parents=[common], help="list, add or verify model files")
+    parser.set_defaults(func=cmd_models, models_command="list")
+    models_sub = parser.add_subparsers(dest="models_command")
+    models_sub.add_parser("list", parents=[common], help="models and their files")
+    add = models_sub.add_parser("add", parents=[common], help="trust a model file or folder")
+    add.add_argument("name", help="model name for the manifest")
+    add.add_argument("path", type=Path, help="model file or checkpoint folder")
+    models_sub.add_parser("verify", parents=[common], help="check every model file's SHA-256")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -254,9 +380,8 @@ def build_parser() -> argparse.ArgumentParser:
     cache.add_argument("action", choices=["stats", "clear"])
     cache.set_defaults(func=cmd_cache)
 
-    voices = sub.add_parser("voices", parents=[common], help="list the configured voices")
-    voices.set_defaults(func=cmd_voices)
-
+    _add_voices_parser(sub, common)
+    _add_models_parser(sub, common)
     play = sub.add_parser("play", parents=[common], help="play (or save) what a target receives")
     play.add_argument("--target", default="default", help="say target to listen to ('+' = all)")
     play.add_argument("--out", type=Path, help="write WAV files here instead of playing them")
@@ -271,9 +396,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser("bench", parents=[common], help="measure engines and cache latency")
     bench.add_argument("--requests", type=int, default=200, help="cache-hit requests over MQTT")
-    bench.add_argument("--out", type=Path, default=Path("bench/results/bench.json"))
+    bench.add_argument("--out", type=Path, default=DEFAULT_BENCH_OUT)
+    bench.add_argument(
+        "--sweep", action="store_true", help="threads (1, 2) x concurrency (1, 2) sweep"
+    )
+    bench.add_argument("--repeats", type=int, default=2, help="sweep rounds (best run kept)")
     bench.add_argument("--skip-mqtt", action="store_true", help="only the engine measurements")
     bench.set_defaults(func=cmd_bench)
+
+    doctor = sub.add_parser("doctor", parents=[common], help="check the setup, line by line")
+    doctor.set_defaults(func=cmd_doctor)
     return parser
 
 

@@ -7,6 +7,7 @@ booleans work as expected.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import re
@@ -114,6 +115,11 @@ class CacheSettings(_Section):
 class ModelsSettings(_Section):
     dir: Path = Field(default_factory=lambda: default_data_dir() / "models")
     """Folder for model files that do not come with a Python package."""
+    idle_unload_s: int = Field(600, ge=0)
+    """Unload a model unused for this long, so its memory comes back (0 = never)."""
+    memory_budget_mb: int | None = Field(None, ge=64)
+    """Memory the loaded models may use; empty = the hardware plan (60% of RAM). The least
+    recently used model is unloaded to make room; a model that cannot fit is refused."""
 
     @field_validator("dir")
     @classmethod
@@ -154,12 +160,21 @@ class SynthesisSettings(_Section):
 
 
 class VoiceSettings(_Section):
-    engine: Literal["piper", "hibari"]
+    engine: Literal["piper", "hibari", "chattts"]
     """Which engine speaks this voice."""
     model: Path | None = None
-    """Model file; empty means the model bundled with the engine's Python package."""
+    """Model file (Piper, hibari) or checkpoint folder (ChatTTS, in ChatTTS's asset layout);
+    relative paths are under models.dir; empty = the model bundled with the engine's package."""
     speaker: str | None = None
     """Engine voice or speaker name (hibari: only the bundled 'heart' exists offline)."""
+    spk_emb: str | None = Field(None, repr=False)
+    """ChatTTS speaker embedding (from `tts-bridge voices new`); empty = the checkpoint's
+    default speaker."""
+    spk_emb_sha256: str | None = None
+    """SHA-256 of spk_emb: a one-character change would silently be another voice."""
+    options: dict[str, float | int | bool] = Field(default_factory=dict)
+    """Engine synthesis defaults (ChatTTS: temperature, top_P, top_K, refine_text, oral_level,
+    laugh_level, break_level, seed); requests may override them."""
     speed: float = Field(1.0, ge=0.5, le=2.0)
     """Speaking rate, 1.0 = the model's own pace."""
     description: str = ""
@@ -167,6 +182,28 @@ class VoiceSettings(_Section):
     fast_voice: str | None = None
     """Voice that answers for this one when this one would miss the latency budget (fast tier);
     its sentences are re-rendered with this voice at idle and served from the cache later."""
+
+    @model_validator(mode="after")
+    def _check_spk_emb(self) -> VoiceSettings:
+        if self.spk_emb is None:
+            return self
+        if self.engine != "chattts":
+            raise ValueError("spk_emb is only for engine chattts")
+        from tts_bridge.engines.chattts_torch import SpeakerError, validate_spk_emb
+
+        actual = hashlib.sha256(self.spk_emb.encode()).hexdigest()
+        if self.spk_emb_sha256 is None:
+            raise ValueError(f"spk_emb_sha256 is missing (the spk_emb's SHA-256 is {actual})")
+        if actual != self.spk_emb_sha256.lower():
+            raise ValueError(
+                f"spk_emb does not match spk_emb_sha256 (expected {self.spk_emb_sha256}, "
+                f"actual {actual}): the embedding was changed"
+            )
+        try:
+            validate_spk_emb(self.spk_emb)
+        except SpeakerError as exc:
+            raise ValueError(f"spk_emb is malformed: {exc}") from exc
+        return self
 
 
 def _default_voices() -> dict[str, VoiceSettings]:
@@ -254,6 +291,8 @@ class Settings(_Section):
     """Sentences to pre-render in quality at idle (for the default voice)."""
     phrases_file: Path | None = None
     """A text file of phrases, one per line ('#' starts a comment)."""
+    voices_file: Path = Field(default_factory=lambda: default_data_dir() / "voices.yaml")
+    """Voices made with `tts-bridge voices new`, merged into `voices` when the file exists."""
     logging: LoggingSettings = Field(default_factory=LoggingSettings)
 
     @field_validator("voices")
@@ -349,6 +388,25 @@ def _describe(error: ValidationError) -> str:
     return "; ".join(lines)
 
 
+def _with_voices_file(data: dict[str, Any]) -> dict[str, Any]:
+    """Add the voices from the voices file (made by `voices new`); the config file wins."""
+    raw = data.get("voices_file")
+    path = Path(raw).expanduser() if raw else default_data_dir() / "voices.yaml"
+    if not path.is_file():
+        return data
+    try:
+        loaded = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"voices file {path} unreadable: {exc}") from exc
+    extra = loaded.get("voices") if isinstance(loaded, dict) else None
+    if not isinstance(extra, dict):
+        raise ConfigError(f"voices file {path}: expected a 'voices:' mapping")
+    voices = data.get("voices")
+    if voices is None:
+        voices = {k: v.model_dump(exclude_defaults=True) for k, v in _default_voices().items()}
+    return {**data, "voices": {**extra, **voices}}
+
+
 def load_settings(
     path: Path | None = None,
     overrides: Mapping[str, Any] | None = None,
@@ -373,6 +431,7 @@ def load_settings(
         data = loaded
     data = _merge(data, _env_overrides(environ))
     data = _merge(data, overrides or {})
+    data = _with_voices_file(data)
     try:
         settings = Settings.model_validate(data)
     except ValidationError as exc:

@@ -6,11 +6,13 @@ nothing of MQTT. It runs on synthesis threads only.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -86,6 +88,10 @@ class Plan:
     voice: Voice
     sentences: list[str]
     language: str | None
+    overrides: dict[str, object]
+    """The request's own synthesis options (applied to whichever voice answers)."""
+    options: SynthesisOptions
+    """The options for `voice`, validated."""
 
 
 class EngineStats:
@@ -134,15 +140,38 @@ class Synthesizer:
             sample_rate=voice.engine.sample_rate,
         )
 
-    def options_for(self, voice: Voice) -> SynthesisOptions:
-        return SynthesisOptions(speed=voice.settings.speed)
+    def options_for(
+        self, voice: Voice, overrides: Mapping[str, object] | None = None
+    ) -> SynthesisOptions:
+        """The voice's options with a request's overrides, validated by the engine's type.
 
-    def is_cached(self, voice: Voice, sentence: str) -> bool:
-        return self.cache.contains(self._key(voice, sentence, self.options_for(voice)))
+        Raises RequestError('invalid_options') for an unknown option or a value out of range.
+        """
+        fields: dict[str, Any] = {"speed": voice.settings.speed, **voice.settings.options}
+        fields.update(overrides or {})
+        kind: type[SynthesisOptions] = getattr(voice.engine, "options_type", SynthesisOptions)
+        try:
+            return kind(**fields)
+        except TypeError as exc:
+            known = ", ".join(f.name for f in dataclasses.fields(kind))
+            raise RequestError(
+                "invalid_options", f"{voice.engine.name} options are {known}: {exc}"
+            ) from None
+        except ValueError as exc:
+            raise RequestError("invalid_options", str(exc)) from None
 
-    def uncached_cost_s(self, voice: Voice, sentences: list[str]) -> float:
+    def is_cached(
+        self, voice: Voice, sentence: str, options: SynthesisOptions | None = None
+    ) -> bool:
+        key = self._key(voice, sentence, options or self.options_for(voice))
+        return self.cache.contains(key)
+
+    def uncached_cost_s(
+        self, voice: Voice, sentences: list[str], options: SynthesisOptions | None = None
+    ) -> float:
         """Estimated compute for the sentences of this voice that are not cached yet."""
-        chars = sum(len(s) for s in sentences if not self.is_cached(voice, s))
+        options = options or self.options_for(voice)
+        chars = sum(len(s) for s in sentences if not self.is_cached(voice, s, options))
         return self.estimator.seconds(voice.engine.name, voice.engine.identity, chars)
 
     def sentence(
@@ -155,8 +184,12 @@ class Synthesizer:
             if hit is not None and hit.sample_rate == voice.engine.sample_rate:
                 return SentenceAudio(index, text, hit.pcm, cached=True)
         started = time.perf_counter()
+        # Engines whose own text front end drops digits (ChatTTS) get text spelled out first.
+        prepare = getattr(voice.engine, "prepare_text", None)
+        spoken = prepare(text) if prepare is not None else text
         try:
-            chunks = list(voice.engine.synthesize(text, voice.speaker, options))
+            self.engines.ensure_loaded(voice.engine)
+            chunks = list(voice.engine.synthesize(spoken, voice.speaker, options))
         except EngineError:
             raise
         except Exception as exc:  # an engine bug must fail one request, not the bridge
@@ -170,8 +203,14 @@ class Synthesizer:
             self.cache.put(key, pcm, voice.engine.tier, voice.engine.identity)
         return SentenceAudio(index, text, pcm, cached=False)
 
-    def validate(self, text: str, voice_name: str | None, lang: str | None) -> Plan:
-        """Check a request cheaply (no model): the voice, the text, the language.
+    def validate(
+        self,
+        text: str,
+        voice_name: str | None,
+        lang: str | None,
+        options: Mapping[str, object] | None = None,
+    ) -> Plan:
+        """Check a request cheaply (no model): the voice, the text, the language, the options.
 
         Raises UnknownVoiceError or RequestError.
         """
@@ -184,7 +223,12 @@ class Synthesizer:
                 f"voice {voice.name!r} speaks {', '.join(sorted(voice.engine.languages))}, "
                 f"not {spoken!r}",
             )
-        return Plan(voice, sentences, spoken)
+        return Plan(voice, sentences, spoken, dict(options or {}), self.options_for(voice, options))
+
+    def _fast_options(self, voice: Voice, plan: Plan) -> SynthesisOptions:
+        """Options for the fast voice: the request's speed carries over, engine-only ones not."""
+        speed = plan.overrides.get("speed")
+        return self.options_for(voice, {"speed": speed} if speed is not None else None)
 
     def render(
         self,
@@ -210,7 +254,7 @@ class Synthesizer:
     ) -> Rendering:
         """Render a validated plan with `voice` (the plan's own voice or its fast tier);
         `on_sentence` sees each sentence as soon as it is ready (streaming)."""
-        options = self.options_for(voice)
+        options = plan.options if voice is plan.voice else self._fast_options(voice, plan)
         sample_rate = voice.engine.sample_rate
         pause = audio.silence(sample_rate, self._settings.synthesis.sentence_pause_ms)
         parts: list[audio.Int16Audio] = []

@@ -85,6 +85,7 @@ _MAX_SAFETENSORS_HEADER = 64 << 20
 # speed or sequence markers such as [spk_emb], [speed_9], [Ptts]) could hijack the prompt.
 _ALLOWED_TAGS = frozenset({"[uv_break]", "[v_break]", "[lbreak]", "[laugh]"})
 _TAG = re.compile(r"\[[^\[\]\s]*\]")
+_LETTER_HYPHEN = re.compile(r"(?<=[A-Za-z])-(?=[A-Za-z])")
 _LATIN_WORD = re.compile(r"[A-Za-z]+(?:['’][A-Za-z]+)?")
 _PAUSE_MARK = re.compile(r"[，。、！？；：,.!?;:…]|\[(?:uv_break|v_break|lbreak)\]")
 _CLAUSE_END = re.compile(r"(?<=[，、；：,;:])\s*")
@@ -622,6 +623,20 @@ class ChatTTSEngine:
     name = "chattts"
     tier: Tier = "quality"
     languages = frozenset({"zh", "en"})
+    options_type = ChatTTSOptions
+
+    @staticmethod
+    def prepare_text(text: str) -> str:
+        """Spell out numbers, times and units: ChatTTS's own normalizer deletes digits.
+
+        Its normalizer also turns a hyphen into a comma and drops apostrophes, so a hyphen
+        between letters ("twenty-one") becomes a space and "o'clock" is written apart.
+        """
+        from tts_bridge.text.normalize import normalize
+
+        spoken = normalize(text)
+        spoken = _LETTER_HYPHEN.sub(" ", spoken)
+        return spoken.replace("o'clock", "o clock").replace("o’clock", "o clock")
 
     def __init__(
         self,

@@ -1,13 +1,25 @@
-"""Voices to engines: builds one engine per model file, lazily loaded and shared by its voices."""
+"""Voices to engines: one engine per model file, loaded lazily, shared by its voices, unloaded
+when idle or when another model needs the memory.
+
+Memory: before a model loads, its need is estimated (the last measured resident size, else the
+size of its files times a factor); least recently used engines are unloaded until it fits the
+budget, and a model that cannot fit even alone is refused with a clear error rather than
+risking the out-of-memory killer. After loading, the measured RSS growth becomes the engine's
+resident size.
+"""
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+
+import psutil
 
 from tts_bridge.config import Settings, VoiceSettings
 from tts_bridge.engines.base import Engine, EngineError
@@ -15,9 +27,18 @@ from tts_bridge.models import FileHasher
 
 _LOGGER = logging.getLogger(__name__)
 
+# Resident memory per byte of model file before a measurement exists (onnxruntime and torch
+# keep roughly one copy of the weights plus their runtime; measured 3-4x for Piper and hibari).
+_FILE_TO_RSS = 4.0
+_RUNTIME_MB = {"piper": 60, "hibari": 150, "chattts": 900}  # runtime import, measured RSS
+
 
 class UnknownVoiceError(LookupError):
     """The request named a voice that is not configured."""
+
+
+class MemoryBudgetError(EngineError):
+    """A model does not fit the memory budget even with every other model unloaded."""
 
 
 @dataclass(frozen=True)
@@ -30,43 +51,79 @@ class Voice:
     settings: VoiceSettings
 
 
-def _build_engine(kind: str, model: Path | None, hasher: FileHasher, threads: int) -> Engine:
+def _files_mb(path: Path) -> float:
+    if path.is_dir():
+        total = sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+    else:
+        total = path.stat().st_size
+    return total / 2**20
+
+
+def _build_engine(
+    kind: str,
+    model: Path | None,
+    hasher: FileHasher,
+    threads: int,
+    expected: Callable[[Path], Mapping[str, str] | None],
+) -> tuple[Engine, Path]:
     if kind == "piper":
         from tts_bridge.engines import piper
 
         path = model or piper.bundled_model()
-        return piper.PiperEngine(path, hasher.sha256(path), threads)
+        return piper.PiperEngine(path, hasher.sha256(path), threads), path
     if kind == "hibari":
         from tts_bridge.engines import hibari
 
         path = model or hibari.bundled_model()
-        return hibari.HibariEngine(path, hasher.sha256(path), threads)
+        return hibari.HibariEngine(path, hasher.sha256(path), threads), path
+    if kind == "chattts":
+        from tts_bridge.engines.chattts_torch import ChatTTSEngine
+
+        if model is None:
+            raise EngineError("a chattts voice needs 'model': the checkpoint folder")
+        engine = ChatTTSEngine(
+            model, expected_sha256=expected(model), threads=threads, hasher=hasher.sha256
+        )
+        return engine, model
     raise EngineError(f"unknown engine {kind!r}")
 
 
 class EnginePool:
     """Owns every engine instance; nothing here loads a model until synthesis asks for it."""
 
-    def __init__(self, settings: Settings, threads: int | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        threads: int | None = None,
+        memory_budget_mb: int | None = None,
+        expected_hashes: Callable[[Path], Mapping[str, str] | None] | None = None,
+    ) -> None:
         self._settings = settings
         self._hasher = FileHasher()
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._engines: dict[tuple[str, str], Engine] = {}
         self._voices: dict[str, Voice] = {}
         self._default_voice = settings.default_voice
+        self._files_mb: dict[str, float] = {}
+        self._resident_mb: dict[str, float] = {}
+        self._last_used: dict[str, float] = {}
+        self.memory_budget_mb = settings.models.memory_budget_mb or memory_budget_mb
         threads = threads or settings.synthesis.onnx_threads or len(os.sched_getaffinity(0))
+        expected = expected_hashes or (lambda _: None)
         for name, voice in settings.voices.items():
-            key = (voice.engine, str(voice.model or ""))
+            model = voice.model
+            if model is not None and not model.is_absolute():
+                model = settings.models.dir / model
+            key = (voice.engine, str(model or ""))
             engine = self._engines.get(key)
             if engine is None:
-                model = voice.model
-                if model is not None and not model.is_absolute():
-                    model = settings.models.dir / model
-                if model is not None and not model.is_file():
-                    raise EngineError(f"voices.{name}.model: file {model} does not exist")
-                engine = _build_engine(voice.engine, model, self._hasher, threads)
+                if model is not None and not model.exists():
+                    raise EngineError(f"voices.{name}.model: {model} does not exist")
+                engine, path = _build_engine(voice.engine, model, self._hasher, threads, expected)
                 self._engines[key] = engine
-            self._voices[name] = Voice(name, engine, voice.speaker, voice)
+                self._files_mb[engine.identity] = _files_mb(path)
+            speaker = voice.spk_emb if voice.engine == "chattts" else voice.speaker
+            self._voices[name] = Voice(name, engine, speaker, voice)
         _LOGGER.debug("Voices: %s", ", ".join(f"{v.name}={v.engine.identity}" for v in self))
 
     def __iter__(self) -> Iterator[Voice]:
@@ -96,7 +153,77 @@ class EnginePool:
     def loaded(self) -> list[str]:
         return [e.identity for e in self._engines.values() if e.loaded]
 
+    def resident_mb(self) -> dict[str, float]:
+        """Measured resident size of each loaded engine."""
+        return {e.identity: self._resident_mb.get(e.identity, 0.0) for e in self._loaded()}
+
+    def _loaded(self) -> list[Engine]:
+        return [e for e in self._engines.values() if e.loaded]
+
+    def _need_mb(self, engine: Engine) -> float:
+        measured = self._resident_mb.get(engine.identity)
+        if measured:
+            return measured
+        runtime = _RUNTIME_MB.get(engine.name, 100)
+        return self._files_mb.get(engine.identity, 0.0) * _FILE_TO_RSS + runtime
+
+    def ensure_loaded(self, engine: Engine) -> None:
+        """Load `engine` within the memory budget (unloading least recently used ones)."""
+        self._last_used[engine.identity] = time.monotonic()
+        if engine.loaded:
+            return
+        with self._lock:
+            if engine.loaded:
+                return
+            budget = self.memory_budget_mb
+            need = self._need_mb(engine)
+            if budget is not None:
+                if need > budget:
+                    raise MemoryBudgetError(
+                        f"{engine.name} model needs about {need:.0f} MB; the memory budget is "
+                        f"{budget} MB (models.memory_budget_mb)"
+                    )
+                others = sorted(self._loaded(), key=lambda e: self._last_used.get(e.identity, 0))
+                while others and need + sum(self._need_mb(e) for e in others) > budget:
+                    victim = others.pop(0)
+                    _LOGGER.info(
+                        "Unloading %s to make room for %s (budget %d MB)",
+                        victim.identity,
+                        engine.identity,
+                        budget,
+                    )
+                    self._unload(victim)
+            before = psutil.Process().memory_info().rss
+            started = time.perf_counter()
+            engine.load()
+            grown = max(0.0, (psutil.Process().memory_info().rss - before) / 2**20)
+            if grown > 1:
+                self._resident_mb[engine.identity] = grown
+            _LOGGER.info(
+                "Loaded %s in %.2f s (+%.0f MB resident)",
+                engine.identity,
+                time.perf_counter() - started,
+                grown,
+            )
+
+    def _unload(self, engine: Engine) -> None:
+        engine.unload()
+        gc.collect()
+
+    def unload_idle(self, idle_s: float, now: float | None = None) -> list[str]:
+        """Unload engines unused for `idle_s` seconds; returns their identities."""
+        now = time.monotonic() if now is None else now
+        dropped = []
+        with self._lock:
+            for engine in self._loaded():
+                if now - self._last_used.get(engine.identity, now) >= idle_s:
+                    self._unload(engine)
+                    dropped.append(engine.identity)
+        for identity in dropped:
+            _LOGGER.info("Unloaded %s after %.0f s unused", identity, idle_s)
+        return dropped
+
     def unload_all(self) -> None:
         with self._lock:
-            for engine in self._engines.values():
-                engine.unload()
+            for engine in self._loaded():
+                self._unload(engine)

@@ -8,7 +8,16 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+)
 
 from tts_bridge.config import LimitsSettings
 
@@ -93,6 +102,7 @@ class SayPayload(BaseModel):
     stream: StrictBool = False
     tier: Literal["quality", "fast"] | None = None
     latency_budget_ms: StrictInt | None = Field(None, ge=1, le=600_000)
+    options: dict[str, StrictBool | StrictInt | StrictFloat] | None = Field(None, max_length=16)
 
 
 @dataclass(frozen=True)
@@ -108,6 +118,8 @@ class SayRequest:
     stream: bool = False
     tier: Literal["quality", "fast"] | None = None
     latency_budget_ms: int | None = None
+    options: dict[str, bool | int | float] | None = None
+    """Engine synthesis options (speed, temperature, ...); checked against the voice's engine."""
     id_given: bool = False
     """The client chose the id (so a second copy is a duplicate, see journal.request_key)."""
 
@@ -196,6 +208,7 @@ def parse_say(target: str, payload: bytes, limits: LimitsSettings) -> SayRequest
         stream=parsed.stream,
         tier=parsed.tier,
         latency_budget_ms=parsed.latency_budget_ms,
+        options=parsed.options,
         id_given=parsed.id is not None,
     )
 
