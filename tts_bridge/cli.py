@@ -9,7 +9,7 @@ import re
 import signal
 import sys
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
@@ -69,21 +69,6 @@ def _thread_plan(settings: Settings) -> ThreadPlan:
     )
 
 
-def _expected_hashes(settings: Settings) -> Callable[[Path], Mapping[str, str] | None]:
-    """Expected SHA-256 per file of a model folder, from the model manifests."""
-    from tts_bridge import models
-
-    finder = getattr(models, "expected_hashes_for", None)
-    if finder is None:
-        return lambda _: None
-
-    def expected(path: Path) -> Mapping[str, str] | None:
-        result: Mapping[str, str] | None = finder(path, settings.models.dir)
-        return result
-
-    return expected
-
-
 def _build_synthesizer(settings: Settings, plan: ThreadPlan) -> Synthesizer:
     from tts_bridge.cache import SentenceCache
     from tts_bridge.engines.registry import EnginePool
@@ -93,7 +78,6 @@ def _build_synthesizer(settings: Settings, plan: ThreadPlan) -> Synthesizer:
         settings,
         threads=plan.onnx_intra_op_threads,
         memory_budget_mb=plan.memory_budget_mb,
-        expected_hashes=_expected_hashes(settings),
     )
     return Synthesizer(settings, pool, SentenceCache(settings.cache))
 
@@ -253,6 +237,7 @@ def cmd_voices_new(args: argparse.Namespace, settings: Settings) -> int:
     from tts_bridge.config import NAME_PATTERN, VoiceSettings
     from tts_bridge.engines.base import EngineError
     from tts_bridge.engines.chattts_torch import ChatTTSEngine
+    from tts_bridge.engines.registry import manifest_hashes
 
     if not re.match(NAME_PATTERN, args.name):
         print(f"error: voice name must match {NAME_PATTERN}", file=sys.stderr)
@@ -271,7 +256,7 @@ def cmd_voices_new(args: argparse.Namespace, settings: Settings) -> int:
         model = chattts[0].model
     assert model is not None
     folder = model if model.is_absolute() else settings.models.dir / model
-    engine = ChatTTSEngine(folder, expected_sha256=_expected_hashes(settings)(folder))
+    engine = ChatTTSEngine(folder, expected_sha256=manifest_hashes(folder, settings.models.dir))
     try:
         spk_emb = engine.sample_speaker(args.seed)
     except EngineError as exc:

@@ -59,6 +59,24 @@ def _files_mb(path: Path) -> float:
     return total / 2**20
 
 
+def manifest_hashes(path: Path, models_dir: Path) -> dict[str, str] | None:
+    """Expected SHA-256 per file (relative to the model's root) from the model manifests."""
+    from tts_bridge.models import ManifestError, find_manifest
+
+    manifest = find_manifest(path, models_dir)
+    if manifest is None:
+        return None
+    try:
+        root = manifest.folder(models_dir).resolve()
+    except ManifestError:
+        return None
+    hashes = manifest.expected_hashes()
+    if path.resolve() == root:
+        return hashes
+    rel = str(path.resolve().relative_to(root))
+    return {rel: hashes[rel]} if rel in hashes else None
+
+
 def _build_engine(
     kind: str,
     model: Path | None,
@@ -96,7 +114,6 @@ class EnginePool:
         settings: Settings,
         threads: int | None = None,
         memory_budget_mb: int | None = None,
-        expected_hashes: Callable[[Path], Mapping[str, str] | None] | None = None,
     ) -> None:
         self._settings = settings
         self._hasher = FileHasher()
@@ -109,7 +126,12 @@ class EnginePool:
         self._last_used: dict[str, float] = {}
         self.memory_budget_mb = settings.models.memory_budget_mb or memory_budget_mb
         threads = threads or settings.synthesis.onnx_threads or len(os.sched_getaffinity(0))
-        expected = expected_hashes or (lambda _: None)
+        models_dir = settings.models.dir
+
+        def expected(path: Path) -> Mapping[str, str] | None:
+            return manifest_hashes(path, models_dir)
+
+        self._unverified: dict[str, str] = {}
         for name, voice in settings.voices.items():
             model = voice.model
             if model is not None and not model.is_absolute():
@@ -122,6 +144,10 @@ class EnginePool:
                 engine, path = _build_engine(voice.engine, model, self._hasher, threads, expected)
                 self._engines[key] = engine
                 self._files_mb[engine.identity] = _files_mb(path)
+                if voice.engine != "chattts":  # ChatTTS verifies its own files, file by file
+                    problem = self._check_manifest(path, expected(path))
+                    if problem:
+                        self._unverified[engine.identity] = problem
             speaker = voice.spk_emb if voice.engine == "chattts" else voice.speaker
             self._voices[name] = Voice(name, engine, speaker, voice)
         _LOGGER.debug("Voices: %s", ", ".join(f"{v.name}={v.engine.identity}" for v in self))
@@ -167,11 +193,31 @@ class EnginePool:
         runtime = _RUNTIME_MB.get(engine.name, 100)
         return self._files_mb.get(engine.identity, 0.0) * _FILE_TO_RSS + runtime
 
+    def _check_manifest(self, path: Path, expected: Mapping[str, str] | None) -> str | None:
+        """Why `path` may not load (not in a manifest, or a different hash); None if fine."""
+        if not expected:
+            return (
+                f"model file {path} is not in the model manifest; trust it with "
+                f"'tts-bridge models add NAME {path}'"
+            )
+        (want,) = expected.values()
+        actual = self._hasher.sha256(path)
+        if actual != want.lower():
+            return f"model file {path} was changed: expected sha256 {want}, actual {actual}"
+        return None
+
     def ensure_loaded(self, engine: Engine) -> None:
-        """Load `engine` within the memory budget (unloading least recently used ones)."""
+        """Load `engine` within the memory budget (unloading least recently used ones).
+
+        Only verified models load: a file missing from the manifest or with another hash is
+        refused (the identity includes the actual hash, so a changed file is never a cache hit).
+        """
         self._last_used[engine.identity] = time.monotonic()
         if engine.loaded:
             return
+        problem = self._unverified.get(engine.identity)
+        if problem:
+            raise EngineError(problem)
         with self._lock:
             if engine.loaded:
                 return
