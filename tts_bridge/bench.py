@@ -231,6 +231,14 @@ def run_bench(settings: Settings, args: argparse.Namespace) -> int:
         report["cache_hit_mqtt"] = rows
         print()
         print(_table(rows, list(rows[0])))
+        from tts_bridge.bench_scenarios import measure_routing, measure_streaming
+
+        print(f"\nmeasuring a burst of {args.burst} live requests ...", file=sys.stderr)
+        report["routing_burst"] = measure_routing(settings, args.burst)
+        print(_table(report["routing_burst"], list(report["routing_burst"][0])))
+        print("\nmeasuring time to first audio (five sentences) ...", file=sys.stderr)
+        report["streaming"] = measure_streaming(settings)
+        print(_table(report["streaming"], list(report["streaming"][0])))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     print(f"\nwritten to {args.out}")

@@ -387,6 +387,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument("--repeats", type=int, default=2, help="sweep rounds (best run kept)")
     bench.add_argument("--skip-mqtt", action="store_true", help="only the engine measurements")
+    bench.add_argument("--burst", type=int, default=12, help="live requests in the routing burst")
     bench.set_defaults(func=cmd_bench)
 
     doctor = sub.add_parser("doctor", parents=[common], help="check the setup, line by line")

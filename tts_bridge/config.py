@@ -225,7 +225,7 @@ class SchedulerSettings(_Section):
     idle_delay_s: float = Field(5.0, ge=0.0, le=3600.0)
     """Quiet time after the last live request before idle work starts."""
     idle_max_load: float | None = Field(None, ge=0.0)
-    """1-minute load average above which idle work waits; empty = the number of usable cores."""
+    """CPU cores other processes may be using for idle work to run; empty = half the cores."""
     learn_min_count: int = Field(3, ge=1)
     """A sentence asked this often within learn_window_s is pre-rendered in quality."""
     learn_window_s: int = Field(7 * 86400, ge=60)

@@ -4,7 +4,7 @@
   blocks, so a flood is answered 'busy' instead of growing memory.
 - Background work (pre-rendering, quality upgrades, learned phrases) runs on one thread at a
   lower OS priority, one sentence at a time, only when no live job is queued or running, the
-  last live request is `idle_delay_s` old and the load average is below `idle_max_load`.
+  last live request is `idle_delay_s` old and other processes use at most `idle_max_load` cores.
 - Both kinds share `concurrency` synthesis slots. A live job that arrives during a background
   sentence waits for that one sentence at most: the background thread gives its slot up to any
   waiting live job before starting the next sentence.
@@ -20,6 +20,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
+
+import psutil
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -37,6 +39,36 @@ class BackgroundSource(Protocol):
     def next_task(self) -> Callable[[], None] | None:
         """The next background sentence to render, or None when there is nothing to do."""
         ...
+
+
+class OthersCpu:
+    """CPU used by other processes, in cores, over the time since the last call.
+
+    Not the load average: it counts this process's own synthesis and decays over minutes, so
+    idle work would either stall behind itself or run while Home Assistant is busy.
+    """
+
+    def __init__(self) -> None:
+        self._process = psutil.Process()
+        self._last = self._sample()
+        self._value = 0.0
+
+    def _sample(self) -> tuple[float, float, float]:
+        system = psutil.cpu_times()
+        busy = sum(system) - system.idle - getattr(system, "iowait", 0.0)
+        own = self._process.cpu_times()
+        return time.monotonic(), busy, own.user + own.system
+
+    def busy_cores(self, min_interval_s: float = 0.5) -> float:
+        now = time.monotonic()
+        if now - self._last[0] < min_interval_s:
+            return self._value
+        sample = self._sample()
+        elapsed = sample[0] - self._last[0]
+        others = (sample[1] - self._last[1]) - (sample[2] - self._last[2])
+        self._value = max(0.0, others / elapsed) if elapsed > 0 else 0.0
+        self._last = sample
+        return self._value
 
 
 class Scheduler:
@@ -62,9 +94,9 @@ class Scheduler:
         self._last_live = 0.0
         self._background = background
         self._idle_delay_s = idle_delay_s
-        self._idle_max_load = (
-            idle_max_load if idle_max_load is not None else float(len(os.sched_getaffinity(0)))
-        )
+        cores = len(os.sched_getaffinity(0))
+        self._idle_max_load = idle_max_load if idle_max_load is not None else cores / 2
+        self._others = OthersCpu()
         self._idle_nice = idle_nice
         self._accepting = True
         self._stop = threading.Event()
@@ -168,7 +200,7 @@ class Scheduler:
                 return False
             if time.monotonic() - self._last_live < self._idle_delay_s:
                 return False
-        return os.getloadavg()[0] <= self._idle_max_load
+        return self._others.busy_cores() <= self._idle_max_load
 
     def _lower_priority(self) -> None:
         # Linux niceness is per thread: only this thread (and threads it starts) is lowered.
