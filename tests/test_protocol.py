@@ -41,6 +41,8 @@ def test_json_fields_are_read() -> None:
         (b'{"id": "x"}', "invalid_request", "x"),
         (b'{"text": "hi", "id": true}', "invalid_request", None),
         (b'{"text": "hi", "id": ""}', "invalid_request", None),
+        (b'{"text": "hi", "id": "a\\u0000b"}', "invalid_request", None),
+        (b'{"text": "hi", "id": "\\ud800"}', "invalid_request", None),
         (b'{"text": "hi", "lang": "english!"}', "invalid_request", None),
         (b'{"text": "hi", "x": ' + b"[" * 50 + b"]" * 50 + b"}", "json_too_deep", None),
         (b"[" * 100_000 + b"]" * 100_000, "payload_too_large", None),

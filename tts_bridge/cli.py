@@ -404,4 +404,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"tts-bridge: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     _setup_logging(settings, args.debug)
-    return int(args.func(args, settings))
+    from tts_bridge.engines.base import EngineError
+
+    try:
+        return int(args.func(args, settings))
+    except EngineError as exc:  # a model or manifest problem found at start-up
+        print(f"tts-bridge: {exc}", file=sys.stderr)
+        return EXIT_CONFIG

@@ -148,6 +148,13 @@ class EnginePool:
                     problem = self._check_manifest(path, expected(path))
                     if problem:
                         self._unverified[engine.identity] = problem
+                elif expected(path) is None and (path / "asset" / "spk_stat.json").exists():
+                    # Not the official release (it has no spk_stat.json) and never added: say
+                    # so, rather than let it fail against the official hashes.
+                    self._unverified[engine.identity] = (
+                        f"ChatTTS checkpoint {path} is not in the model manifest; trust it with "
+                        f"'tts-bridge models add NAME {path}'"
+                    )
             speaker = voice.spk_emb if voice.engine == "chattts" else voice.speaker
             self._voices[name] = Voice(name, engine, speaker, voice)
         _LOGGER.debug("Voices: %s", ", ".join(f"{v.name}={v.engine.identity}" for v in self))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import socket
 import threading
+import unicodedata
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -38,6 +39,12 @@ class IncomingMessage:
     qos: int = 0
 
 
+def _safe_text(value: str) -> str:
+    """Replace characters brokers refuse in UTF-8 strings (a malformed packet would cost the
+    connection, and paho would resend it after every reconnect)."""
+    return "".join("?" if unicodedata.category(c)[0] == "C" else c for c in value)
+
+
 @dataclass(frozen=True)
 class OutgoingMessage:
     topic: str
@@ -59,7 +66,7 @@ class OutgoingMessage:
             props.CorrelationData = self.correlation_data
             used = True
         if self.user_properties:
-            props.UserProperty = list(self.user_properties)
+            props.UserProperty = [(k, _safe_text(v)) for k, v in self.user_properties]
             used = True
         if self.expiry_s:
             props.MessageExpiryInterval = self.expiry_s

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import unicodedata
 import uuid
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -124,6 +125,12 @@ class SayRequest:
     """The client chose the id (so a second copy is a duplicate, see journal.request_key)."""
 
 
+def mqtt_safe(value: str) -> bool:
+    """True when `value` may go into an MQTT UTF-8 string (no control, format or surrogate
+    characters, which brokers refuse as a malformed packet)."""
+    return not any(unicodedata.category(c)[0] == "C" for c in value)
+
+
 def new_id() -> str:
     return uuid.uuid4().hex
 
@@ -194,6 +201,10 @@ def parse_say(target: str, payload: bytes, limits: LimitsSettings) -> SayRequest
         raise ProtocolError("invalid_request", _first_error(exc), request_id) from None
     if isinstance(parsed.id, str) and not 0 < len(parsed.id) <= 128:
         raise ProtocolError("invalid_request", "field 'id' must have 1-128 characters")
+    if isinstance(parsed.id, str) and not mqtt_safe(parsed.id):
+        # The id goes into MQTT 5 user properties: a control character or a lone surrogate
+        # there makes the broker drop the connection (and paho resend it after reconnecting).
+        raise ProtocolError("invalid_request", "field 'id' must not contain control characters")
     if parsed.lang is not None and not _LANG_RE.match(parsed.lang):
         raise ProtocolError(
             "invalid_request", "field 'lang' must be a language code like 'en'", parsed.id
