@@ -290,6 +290,12 @@ def cmd_doctor(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
+    if args.chattts:
+        from tts_bridge.bench_chattts import run_chattts_bench
+
+        out = args.out if args.out != DEFAULT_BENCH_OUT else args.out.with_name("chattts.json")
+        run_chattts_bench(out, tokens=args.tokens)
+        return 0
     if args.sweep:
         from tts_bridge.bench_sweep import run_sweep
 
@@ -386,6 +392,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--sweep", action="store_true", help="threads (1, 2) x concurrency (1, 2) sweep"
     )
     bench.add_argument("--repeats", type=int, default=2, help="sweep rounds (best run kept)")
+    bench.add_argument(
+        "--chattts",
+        action="store_true",
+        help="full-size ChatTTS on random weights: torch FP32/INT8, batch 1 and 4",
+    )
+    bench.add_argument("--tokens", type=int, default=200, help="GPT tokens per text (--chattts)")
     bench.add_argument("--skip-mqtt", action="store_true", help="only the engine measurements")
     bench.add_argument("--burst", type=int, default=12, help="live requests in the routing burst")
     bench.set_defaults(func=cmd_bench)
