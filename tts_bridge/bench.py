@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import resource
 import socket
 import statistics
@@ -25,6 +24,8 @@ from typing import IO, Any
 import yaml
 
 from tts_bridge import __version__
+from tts_bridge.benchutil import machine_info
+from tts_bridge.benchutil import table as _table
 from tts_bridge.config import Settings
 from tts_bridge.engines.base import SynthesisOptions
 
@@ -190,26 +191,11 @@ def measure_cache_hits(
     }
 
 
-def _table(rows: list[dict[str, Any]], columns: list[str]) -> str:
-    widths = [max(len(c), *(len(str(r.get(c, ""))) for r in rows)) for c in columns]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True))]
-    lines += [
-        "  ".join(str(r.get(c, "")).ljust(w) for c, w in zip(columns, widths, strict=True))
-        for r in rows
-    ]
-    return "\n".join(lines)
-
-
 def run_bench(settings: Settings, args: argparse.Namespace) -> int:
     report: dict[str, Any] = {
         "version": __version__,
         "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "machine": {
-            "platform": platform.platform(),
-            "machine": platform.machine(),
-            "cpus": len(os.sched_getaffinity(0)),
-            "python": platform.python_version(),
-        },
+        "machine": machine_info(),
         "command": "tts-bridge " + " ".join(sys.argv[1:]),
         "engines": [],
     }

@@ -25,7 +25,6 @@ import importlib
 import json
 import logging
 import os
-import platform
 import resource
 import subprocess
 import sys
@@ -39,6 +38,8 @@ from typing import Any
 import numpy as np
 
 from tts_bridge import __version__
+from tts_bridge.benchutil import machine_info
+from tts_bridge.benchutil import table as _table
 from tts_bridge.engines.chattts_torch import (
     NUM_AUDIO_TOKENS,
     NUM_VQ,
@@ -447,16 +448,6 @@ def _child(args: list[str]) -> dict[str, Any]:
     return result
 
 
-def _table(rows: list[dict[str, Any]], columns: list[str]) -> str:
-    widths = [max(len(c), *(len(str(r.get(c, ""))) for r in rows)) for c in columns]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True))]
-    lines += [
-        "  ".join(str(r.get(c, "")).ljust(w) for c, w in zip(columns, widths, strict=True))
-        for r in rows
-    ]
-    return "\n".join(lines)
-
-
 TABLE_COLUMNS = [
     "precision",
     "batch",
@@ -494,12 +485,7 @@ def run_chattts_bench(
         "version": __version__,
         "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "note": NOTE,
-        "machine": {
-            "platform": platform.platform(),
-            "machine": platform.machine(),
-            "cpus": len(os.sched_getaffinity(0)),
-            "python": platform.python_version(),
-        },
+        "machine": machine_info(),
         "command": "tts-bridge " + " ".join(sys.argv[1:]),
         "tokens_per_text": tokens,
         "threads": threads,

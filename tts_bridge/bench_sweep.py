@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import platform
 import queue
 import resource
 import statistics
@@ -32,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from tts_bridge import __version__
+from tts_bridge.benchutil import machine_info
 from tts_bridge.config import Settings
 
 _LOGGER = logging.getLogger(__name__)
@@ -291,12 +291,7 @@ def run_sweep(
     report: dict[str, Any] = {
         "version": __version__,
         "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "machine": {
-            "platform": platform.platform(),
-            "machine": platform.machine(),
-            "cpus": len(os.sched_getaffinity(0)),
-            "python": platform.python_version(),
-        },
+        "machine": machine_info(),
         "voice": voice,
         "sentences_per_setting": sentences,
         "repeats": repeats,

@@ -417,17 +417,7 @@ class Bridge:
             return result.entry_id
         if result.status is AcceptStatus.DONE and result.outcome is not None:
             _LOGGER.info("Request %s is a duplicate; answering from the journal", request.id)
-            body = json.dumps(result.outcome).encode()
-            self._connection.publish(OutgoingMessage(self.topics.response("say"), body))
-            if reply.response_topic:
-                self._connection.publish(
-                    OutgoingMessage(
-                        reply.response_topic,
-                        body,
-                        content_type="application/json",
-                        correlation_data=reply.correlation_data,
-                    )
-                )
+            self._answer_json(json.dumps(result.outcome).encode(), reply)
         else:
             _LOGGER.info("Request %s is already being served; duplicate ignored", request.id)
         return None
@@ -611,6 +601,19 @@ class Bridge:
             )
         )
 
+    def _answer_json(self, body: bytes, reply: ReplyTo) -> None:
+        """A JSON answer on <base>/bridge/response/say and on the request's response topic."""
+        self._connection.publish(OutgoingMessage(self.topics.response("say"), body))
+        if reply.response_topic:
+            self._connection.publish(
+                OutgoingMessage(
+                    reply.response_topic,
+                    body,
+                    content_type="application/json",
+                    correlation_data=reply.correlation_data,
+                )
+            )
+
     def _finish(self, entry_id: int | None, body: bytes) -> None:
         if entry_id is None:
             return
@@ -634,16 +637,7 @@ class Bridge:
         with self._counts_lock:
             self._answers["error"] += 1
         body = error_response(request_id, code, message)
-        self._connection.publish(OutgoingMessage(self.topics.response("say"), body))
-        if reply.response_topic:
-            self._connection.publish(
-                OutgoingMessage(
-                    reply.response_topic,
-                    body,
-                    content_type="application/json",
-                    correlation_data=reply.correlation_data,
-                )
-            )
+        self._answer_json(body, reply)
         self._finish(entry_id, body)
 
     # Rhasspy Hermes
