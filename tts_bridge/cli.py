@@ -346,7 +346,11 @@ def _add_models_parser(sub: Any, common: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tts-bridge", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="tts-bridge",
+        description="MQTT text-to-speech bridge for the home: text in, WAV out.",
+        epilog="Every command takes --config FILE, --cache-dir DIR and --debug.",
+    )
     parser.add_argument("--version", action="version", version=f"tts-bridge {__version__}")
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--config", type=Path, help="YAML settings file")
