@@ -20,6 +20,8 @@ from conftest import BridgeFactory, MqttProbe, ProbeFactory, ReceivedMessage, Ru
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tts_bridge.config import MqttSettings, TlsSettings
+from tts_bridge.doctor import check_broker
 from tts_bridge.localbroker import LocalBroker
 
 BASE = "tts_bridge"
@@ -310,6 +312,14 @@ def test_tls_with_a_generated_ca(tmp_path: Path, bridge_factory: BridgeFactory) 
             assert time.monotonic() < deadline, bridge.log_tail()
             time.sleep(0.1)
         bridge.stop()
+        # doctor speaks TLS with the same settings
+        tls_settings = MqttSettings(
+            host=tls_broker.host,
+            port=tls_broker.port,
+            tls=TlsSettings(enabled=True, ca_file=ca),
+        )
+        result = check_broker(tls_settings)
+        assert result.status == "PASS" and "mqtts://" in result.detail, result
         (tmp_path / "other").mkdir()
         other_ca, _, _ = _make_ca(tmp_path / "other")
         wrong = bridge_factory(

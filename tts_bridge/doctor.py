@@ -34,6 +34,7 @@ from paho.mqtt.reasoncodes import ReasonCode
 
 from tts_bridge import __version__
 from tts_bridge.config import CacheSettings, ConfigError, MqttSettings, Settings, load_settings
+from tts_bridge.mqtt.client import configure_tls
 from tts_bridge.tuning import Hardware, ThreadPlan, detect_hardware
 
 if TYPE_CHECKING:
@@ -111,7 +112,8 @@ class BrokerAnswer:
 
 def broker_url(settings: MqttSettings) -> str:
     """How the checklist names the broker; the one place that will say mqtts:// with TLS."""
-    return f"mqtt://{settings.host}:{settings.port}"
+    scheme = "mqtts" if settings.tls.enabled else "mqtt"
+    return f"{scheme}://{settings.host}:{settings.port}"
 
 
 def _make_client(settings: MqttSettings) -> mqtt.Client:
@@ -124,8 +126,8 @@ def _make_client(settings: MqttSettings) -> mqtt.Client:
     )
     if settings.username is not None:
         client.username_pw_set(settings.username, settings.password)
-    # TLS settings belong here (client.tls_set(...)) once MqttSettings has them; a failed
-    # handshake arrives as ssl.SSLError and _socket_problem already words it.
+    # A failed TLS handshake arrives as ssl.SSLError and _socket_problem words it.
+    configure_tls(client, settings)
     return client
 
 

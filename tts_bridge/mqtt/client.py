@@ -74,6 +74,19 @@ class OutgoingMessage:
         return props if used else None
 
 
+def configure_tls(client: mqtt.Client, settings: MqttSettings) -> None:
+    """Apply the TLS settings (CA, client certificate and key, host name check) to a client."""
+    tls = settings.tls
+    if not tls.enabled:
+        return
+    client.tls_set(
+        ca_certs=str(tls.ca_file) if tls.ca_file else None,
+        certfile=str(tls.cert_file) if tls.cert_file else None,
+        keyfile=str(tls.key_file) if tls.key_file else None,
+    )
+    client.tls_insecure_set(tls.insecure)
+
+
 class MqttConnection:
     """Connects, keeps reconnecting with backoff, and (re)subscribes on every connect.
 
@@ -107,14 +120,7 @@ class MqttConnection:
         )
         if settings.username is not None:
             client.username_pw_set(settings.username, settings.password)
-        if settings.tls.enabled:
-            tls = settings.tls
-            client.tls_set(
-                ca_certs=str(tls.ca_file) if tls.ca_file else None,
-                certfile=str(tls.cert_file) if tls.cert_file else None,
-                keyfile=str(tls.key_file) if tls.key_file else None,
-            )
-            client.tls_insecure_set(tls.insecure)
+        configure_tls(client, settings)
         client.max_queued_messages_set(settings.max_queued_messages)
         client.will_set(will.topic, will.payload, qos=will.qos, retain=will.retain)
         client.reconnect_delay_set(min_delay=1, max_delay=settings.reconnect_max_delay_s)
