@@ -377,6 +377,7 @@ class Bridge:
             lambda: self._serve(Accepted(request, plan, route, reply, received, entry_id)),
             estimate,
             force=message is None,
+            urgent=route.tier == "fast" and route.voice is not plan.voice,
         ):
             self._refuse(
                 request.id,

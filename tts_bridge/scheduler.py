@@ -1,7 +1,9 @@
 """Synthesis scheduling: live requests first, background work only when the bridge is idle.
 
-- Live jobs wait in a bounded FIFO served by `concurrency` worker threads; `submit_live` never
-  blocks, so a flood is answered 'busy' instead of growing memory.
+- Live jobs wait in a bounded queue served by `concurrency` worker threads, in arrival order
+  except that fast-tier jobs (a few milliseconds each) go before queued quality jobs: they were
+  routed there because the quality queue is long. `submit_live` never blocks, so a flood is
+  answered 'busy' instead of growing memory.
 - Background work (pre-rendering, quality upgrades, learned phrases) runs on one thread at a
   lower OS priority, one sentence at a time, only when no live job is queued or running, the
   last live request is `idle_delay_s` old and other processes use at most `idle_max_load` cores.
@@ -12,6 +14,7 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import queue
@@ -84,7 +87,8 @@ class Scheduler:
     ) -> None:
         # Unbounded underneath: the bound is enforced in submit_live, so that resumed journal
         # entries (already acknowledged to the broker) can always be queued.
-        self._live: queue.Queue[LiveJob | None] = queue.Queue()
+        self._live: queue.PriorityQueue[tuple[int, int, LiveJob | None]] = queue.PriorityQueue()
+        self._seq = itertools.count()
         self._max_queue = max_queue
         self._slots = threading.Semaphore(concurrency)
         self._lock = threading.Lock()
@@ -142,9 +146,17 @@ class Scheduler:
     # live work
 
     def submit_live(
-        self, run: Callable[[], None], estimate_s: float = 0.0, *, force: bool = False
+        self,
+        run: Callable[[], None],
+        estimate_s: float = 0.0,
+        *,
+        force: bool = False,
+        urgent: bool = False,
     ) -> bool:
-        """Queue a live job; False when the queue is full (unless `force`) or stopping."""
+        """Queue a live job; False when the queue is full (unless `force`) or stopping.
+
+        `urgent` (fast-tier) jobs go before queued ordinary ones; each kind stays in order.
+        """
         if not self._accepting:
             return False
         with self._lock:
@@ -152,7 +164,7 @@ class Scheduler:
                 return False
             self._last_live = time.monotonic()
             self._queued_estimate += estimate_s
-            self._live.put_nowait(LiveJob(run, estimate_s))
+            self._live.put_nowait((0 if urgent else 1, next(self._seq), LiveJob(run, estimate_s)))
         return True
 
     def stop(self, timeout_s: float) -> bool:
@@ -162,7 +174,7 @@ class Scheduler:
         self._wake.set()
         deadline = time.monotonic() + timeout_s
         for _ in self._workers:  # one stop marker per worker, after the queued jobs
-            self._live.put_nowait(None)
+            self._live.put_nowait((2, next(self._seq), None))
         for worker in self._workers:
             worker.join(max(0.1, deadline - time.monotonic()))
         if self._idle_thread.is_alive():
@@ -171,7 +183,7 @@ class Scheduler:
 
     def _live_loop(self) -> None:
         while True:
-            job = self._live.get()
+            _, _, job = self._live.get()
             if job is None:
                 return
             with self._lock:
