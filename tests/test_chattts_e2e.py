@@ -194,3 +194,45 @@ def test_chattts_quality_tier_over_mqtt(
     # what must hold is that a load/unload cycle leaves nothing behind.
     assert grown > 20, (first, reloaded)
     assert back >= 0.8 * grown, f"only {back:.0f} of {grown:.0f} MB came back"
+
+
+def test_onnx_export_quantize_and_speak_over_mqtt(
+    tmp_path: Path, tiny: Path, bridge_factory: BridgeFactory, probe_factory: ProbeFactory
+) -> None:
+    """`models export` and `models quantize` record the export in the manifest; a chattts-onnx
+    voice with the same speaker then answers as the fast tier, without torch in its path."""
+    setup = prepare(tmp_path, tiny)
+    models = setup["models"]
+    exported = cli(
+        setup["path"], "models", "export", "chattts",
+        "--from", str(models / "chattts"), "--to", str(models / "chattts-onnx"),
+    )  # fmt: skip
+    assert exported.returncode == 0, exported.stderr[-3000:]
+    quantized = cli(setup["path"], "models", "quantize", "chattts-onnx")
+    assert quantized.returncode == 0, quantized.stderr[-3000:]
+    assert (models / "chattts-onnx" / "gpt.int8.onnx").is_file()
+    assert cli(setup["path"], "models", "verify").returncode == 0
+    voices_file = Path(setup["config"]["voices_file"])
+    voices = yaml.safe_load(voices_file.read_text(encoding="utf-8"))
+    onnx_voice = dict(voices["voices"]["xiaoyu"], engine="chattts-onnx", model="chattts-onnx")
+    onnx_voice.pop("fast_voice", None)
+    voices["voices"]["xiaoyu"]["fast_voice"] = "xiaoyu_onnx"
+    voices["voices"]["xiaoyu_onnx"] = onnx_voice
+    voices_file.write_text(yaml.safe_dump(voices), encoding="utf-8")
+    bridge = bridge_factory(
+        **{k: v for k, v in setup["config"].items() if k not in ("cache", "journal")},
+        default_voice="xiaoyu",
+        scheduler={"latency_budget_ms": 1, "idle_enabled": False},
+    )
+    probe = probe_factory(f"{BASE}/#")
+    probe.diagnostics = bridge.log_tail
+    # Over budget, Chinese included: the ONNX voice speaks zh, so it is the fast tier here.
+    fast = _ask(probe, {"text": ZH_TEXT, "id": "onnx-zh"})
+    assert fast["status"] == "ok", fast
+    assert (fast["data"]["tier"], fast["data"]["engine"]) == ("fast", "chattts-onnx"), fast
+    assert fast["data"]["voice"] == "xiaoyu_onnx"
+    tampered = models / "chattts-onnx" / "gpt.int8.onnx"
+    blob = bytearray(tampered.read_bytes())
+    blob[-1] ^= 0xFF
+    tampered.write_bytes(bytes(blob))
+    assert cli(setup["path"], "models", "verify").returncode != 0

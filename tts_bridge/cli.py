@@ -331,7 +331,41 @@ def cmd_models(args: argparse.Namespace, settings: Settings) -> int:
         return models.cmd_models_add(settings, args.name, args.path)
     if args.models_command == "verify":
         return models.cmd_models_verify(settings)
+    if args.models_command == "export":
+        return _models_export(settings, args.source, args.dest, args.name)
+    if args.models_command == "quantize":
+        return _models_quantize(settings, args.name)
     return models.cmd_models_list(settings)
+
+
+def _models_export(settings: Settings, source: Path, dest: Path, name: str) -> int:
+    """ChatTTS checkpoint -> ONNX graphs (needs the torch extra; once, on any machine)."""
+    from tts_bridge import models
+    from tts_bridge.engines.registry import manifest_hashes
+    from tts_bridge.export.chattts_onnx import export_chattts
+
+    export_chattts(source, dest, expected_sha256=manifest_hashes(source, settings.models.dir))
+    models.add_model(name, dest, settings.models.dir)
+    print(f"exported {source} to {dest}; recorded as model {name!r}")
+    return 0
+
+
+def _models_quantize(settings: Settings, name: str) -> int:
+    """INT8 graphs beside an ONNX export (onnxruntime dynamic quantization); re-recorded."""
+    from tts_bridge import models
+    from tts_bridge.export.quantize import quantize_onnx
+
+    manifest = models.get_manifest(name, settings.models.dir)
+    folder = manifest.folder(settings.models.dir)
+    bad = models.verify_model(manifest, settings.models.dir)
+    if bad:
+        for problem in bad:
+            print(f"refused: {problem}", file=sys.stderr)
+        return 1
+    written = quantize_onnx(folder)
+    models.add_model(name, folder, settings.models.dir)
+    print(f"quantized {name!r}: {', '.join(p.name for p in written)}")
+    return 0
 
 
 def _add_models_parser(sub: Any, common: argparse.ArgumentParser) -> None:
@@ -343,6 +377,15 @@ def _add_models_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     add.add_argument("name", help="model name for the manifest")
     add.add_argument("path", type=Path, help="model file or checkpoint folder")
     models_sub.add_parser("verify", parents=[common], help="check every model file's SHA-256")
+    export = models_sub.add_parser(
+        "export", parents=[common], help="ChatTTS checkpoint -> ONNX (needs the torch extra)"
+    )
+    export.add_argument("kind", choices=["chattts"], help="what to export")
+    export.add_argument("--from", dest="source", type=Path, required=True, help="checkpoint")
+    export.add_argument("--to", dest="dest", type=Path, required=True, help="output folder")
+    export.add_argument("--name", default="chattts-onnx", help="model name for the manifest")
+    quantize = models_sub.add_parser("quantize", parents=[common], help="INT8 ONNX graphs")
+    quantize.add_argument("name", help="an exported model's name")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -160,8 +160,8 @@ class SynthesisSettings(_Section):
 
 
 class VoiceSettings(_Section):
-    engine: Literal["piper", "hibari", "chattts"]
-    """Which engine speaks this voice."""
+    engine: Literal["piper", "hibari", "chattts", "chattts-onnx"]
+    """Which engine speaks this voice (chattts-onnx: an export made by `models export`)."""
     model: Path | None = None
     """Model file (Piper, hibari) or checkpoint folder (ChatTTS, in ChatTTS's asset layout);
     relative paths are under models.dir; empty = the model bundled with the engine's package."""
@@ -172,6 +172,10 @@ class VoiceSettings(_Section):
     default speaker."""
     spk_emb_sha256: str | None = None
     """SHA-256 of spk_emb: a one-character change would silently be another voice."""
+    precision: Literal["int8", "fp32"] = "int8"
+    """chattts-onnx only: which graphs of the export to run (after `models quantize`: int8)."""
+    tier: Literal["quality", "fast"] | None = None
+    """The tier this voice reports; empty = its engine's (chattts-onnx: fast)."""
     options: dict[str, float | int | bool] = Field(default_factory=dict)
     """Engine synthesis defaults (ChatTTS: temperature, top_P, top_K, refine_text, oral_level,
     laugh_level, break_level, seed); requests may override them."""
@@ -187,8 +191,8 @@ class VoiceSettings(_Section):
     def _check_spk_emb(self) -> VoiceSettings:
         if self.spk_emb is None:
             return self
-        if self.engine != "chattts":
-            raise ValueError("spk_emb is only for engine chattts")
+        if self.engine not in ("chattts", "chattts-onnx"):
+            raise ValueError("spk_emb is only for the chattts engines")
         from tts_bridge.engines.chattts_torch import SpeakerError, validate_spk_emb
 
         actual = hashlib.sha256(self.spk_emb.encode()).hexdigest()

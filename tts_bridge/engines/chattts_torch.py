@@ -592,6 +592,19 @@ def max_new_tokens(expected_s: float) -> int:
     return math.ceil(seconds * TOKENS_PER_SECOND)
 
 
+def spell_out(text: str) -> str:
+    """Spell out numbers, times and units: ChatTTS's own normalizer deletes digits.
+
+    Its normalizer also turns a hyphen into a comma and drops apostrophes, so a hyphen
+    between letters ("twenty-one") becomes a space and "o'clock" is written apart.
+    """
+    from tts_bridge.text.normalize import normalize
+
+    spoken = normalize(text)
+    spoken = _LETTER_HYPHEN.sub(" ", spoken)
+    return spoken.replace("o'clock", "o clock").replace("o’clock", "o clock")
+
+
 def strip_control_tags(text: str) -> str:
     """Drop bracketed tags a request must not smuggle into the prompt; keep pause/laugh tags."""
     kept = _TAG.sub(lambda m: m.group(0) if m.group(0) in _ALLOWED_TAGS else " ", text)
@@ -627,16 +640,7 @@ class ChatTTSEngine:
 
     @staticmethod
     def prepare_text(text: str) -> str:
-        """Spell out numbers, times and units: ChatTTS's own normalizer deletes digits.
-
-        Its normalizer also turns a hyphen into a comma and drops apostrophes, so a hyphen
-        between letters ("twenty-one") becomes a space and "o'clock" is written apart.
-        """
-        from tts_bridge.text.normalize import normalize
-
-        spoken = normalize(text)
-        spoken = _LETTER_HYPHEN.sub(" ", spoken)
-        return spoken.replace("o'clock", "o clock").replace("o’clock", "o clock")
+        return spell_out(text)
 
     def __init__(
         self,

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import psutil
 
@@ -83,6 +84,8 @@ def _build_engine(
     hasher: FileHasher,
     threads: int,
     expected: Callable[[Path], Mapping[str, str] | None],
+    *,
+    precision: Literal["int8", "fp32"] = "int8",
 ) -> tuple[Engine, Path]:
     if kind == "piper":
         from tts_bridge.engines import piper
@@ -103,6 +106,19 @@ def _build_engine(
             model, expected_sha256=expected(model), threads=threads, hasher=hasher.sha256
         )
         return engine, model
+    if kind == "chattts-onnx":
+        from tts_bridge.engines.chattts_onnx import ChatTTSOnnxEngine
+
+        if model is None:
+            raise EngineError("a chattts-onnx voice needs 'model': the export folder")
+        onnx_engine = ChatTTSOnnxEngine(
+            model,
+            precision=precision,
+            expected_sha256=expected(model),
+            threads=threads,
+            hasher=hasher.sha256,
+        )
+        return onnx_engine, model
     raise EngineError(f"unknown engine {kind!r}")
 
 
@@ -136,15 +152,19 @@ class EnginePool:
             model = voice.model
             if model is not None and not model.is_absolute():
                 model = settings.models.dir / model
-            key = (voice.engine, str(model or ""))
+            key = (voice.engine, f"{model or ''}:{voice.precision}")
             engine = self._engines.get(key)
             if engine is None:
                 if model is not None and not model.exists():
                     raise EngineError(f"voices.{name}.model: {model} does not exist")
-                engine, path = _build_engine(voice.engine, model, self._hasher, threads, expected)
+                engine, path = _build_engine(
+                    voice.engine, model, self._hasher, threads, expected, precision=voice.precision
+                )
+                if voice.tier is not None:
+                    engine.tier = voice.tier
                 self._engines[key] = engine
                 self._files_mb[engine.identity] = _files_mb(path)
-                if voice.engine != "chattts":  # ChatTTS verifies its own files, file by file
+                if not voice.engine.startswith("chattts"):  # ChatTTS checks its own files
                     problem = self._check_manifest(path, expected(path))
                     if problem:
                         self._unverified[engine.identity] = problem
@@ -155,7 +175,7 @@ class EnginePool:
                         f"ChatTTS checkpoint {path} is not in the model manifest; trust it with "
                         f"'tts-bridge models add NAME {path}'"
                     )
-            speaker = voice.spk_emb if voice.engine == "chattts" else voice.speaker
+            speaker = voice.spk_emb if voice.engine.startswith("chattts") else voice.speaker
             self._voices[name] = Voice(name, engine, speaker, voice)
         _LOGGER.debug("Voices: %s", ", ".join(f"{v.name}={v.engine.identity}" for v in self))
 

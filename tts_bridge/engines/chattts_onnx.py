@@ -1,0 +1,990 @@
+"""ChatTTS on ONNX Runtime: the same voices as the torch engine, without torch.
+
+The model folder is what ``tts_bridge.export.chattts_onnx.export_chattts`` writes (ONNX graphs for
+the GPT step, the hidden-state decoder and Vocos; numpy arrays for the embeddings and the ISTFT
+window; ChatTTS's tokenizer) and, after ``tts_bridge.export.quantize.quantize_onnx``, INT8
+variants of the graphs. ``manifest.json`` holds the sha256 of every file; every file a precision
+uses is verified before onnxruntime sees it.
+
+This module imports onnxruntime, numpy and ``tokenizers`` only (and those lazily, in ``load``):
+a test asserts that loading and running the engine never imports torch.
+
+The code-generation loop reproduces ChatTTS 0.2.5 (``Chat._infer_code`` and ``GPT.generate``):
+
+* prompt ``[Stts][spk_emb][speed_N]{text}[Ptts]`` (``[empty_spk]`` without a speaker), left
+  padded, position ids ``cumsum(mask) - 1``; the speaker vector, L2-normalised in float16 as
+  ChatTTS does, replaces the embedding at ``[spk_emb]``;
+* each step: logits (B*4, 626) / per-codebook temperature, repetition penalty over the last 16
+  codes, top-P then top-K (each keeping at least 3), EOS forbidden before ``min_new_token``,
+  softmax, one sample per codebook; EOS on any codebook ends that text and drops its hidden
+  state;
+* the hidden states of every step (the prefill's last position included) go through the
+  decoder and Vocos, and numpy inverts the spectrum (``torch.istft`` with ``center=True``).
+
+Sampling uses numpy's generator, so a seed gives repeatable audio here but not the same audio as
+torch's sampler; under greedy decoding both produce identical codes (see the parity tests).
+"""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+import json
+import logging
+import re
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from tts_bridge.engines.base import EngineError, FloatAudio, SynthesisOptions, Tier
+from tts_bridge.engines.chattts_torch import (
+    DEFAULT_SPEAKER_SEED,
+    ChatTTSOptions,
+    SpeakerStats,
+    decode_spk_emb,
+    expected_seconds,
+    max_new_tokens,
+    read_spk_stat_file,
+    sample_spk_emb,
+    spell_out,
+    split_for_generation,
+    strip_control_tags,
+    validate_spk_emb,
+)
+from tts_bridge.models import sha256_file
+from tts_bridge.text.sentences import is_speakable
+from tts_bridge.textlog import short
+
+_LOGGER = logging.getLogger(__name__)
+
+FORMAT = "chattts-onnx"
+FORMAT_VERSION = 1
+CONFIG_FILE = "config.json"
+MANIFEST_FILE = "manifest.json"
+GPT_FILE = "gpt.onnx"
+HEAD_TEXT_FILE = "head_text.onnx"
+DECODER_FILE = "decoder.onnx"
+VOCOS_FILE = "vocos.onnx"
+EMB_TEXT_FILE = "emb_text.npy"
+EMB_CODE_FILE = "emb_code.npy"
+WINDOW_FILE = "istft_window.npy"
+TOKENIZER_DIR = "tokenizer"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+SPK_STAT_NAME = "spk_stat.json"
+HOMOPHONES_FILE = "homophones_map.json"
+COMMON_FILES = (
+    CONFIG_FILE,
+    EMB_TEXT_FILE,
+    EMB_CODE_FILE,
+    WINDOW_FILE,
+    *(f"{TOKENIZER_DIR}/{name}" for name in TOKENIZER_FILES),
+    SPK_STAT_NAME,
+    HOMOPHONES_FILE,
+)
+"""Files every precision uses; the graphs per precision are listed in the manifest."""
+
+Precision = Literal["fp32", "int8"]
+GRAPHS = ("gpt", "decoder", "vocos")
+
+SAMPLE_RATE = 24_000
+# ChatTTS's sampling constants (ChatTTS/model/processors.py and core.py).
+PENALTY_WINDOW = 16
+MIN_TOKENS_TO_KEEP = 3
+REPETITION_PENALTY = 1.05
+SILENCE_THRESHOLD = np.float32(1e-5)
+"""Chat.infer drops every sample at or below this magnitude; done here too for equal output."""
+
+
+# -- manifest -----------------------------------------------------------------------------------
+
+
+def write_manifest(
+    folder: Path,
+    files: Sequence[str],
+    *,
+    variants: Mapping[str, Mapping[str, str]],
+    extra: Mapping[str, Any] | None = None,
+) -> Path:
+    """Write ``manifest.json``: sha256 of ``files`` (relative paths) and the precision variants."""
+    data: dict[str, Any] = {
+        "format": FORMAT,
+        "version": FORMAT_VERSION,
+        "files": {rel: sha256_file(folder / rel) for rel in sorted(set(files))},
+        "variants": {name: dict(graphs) for name, graphs in variants.items()},
+    }
+    data.update(extra or {})
+    path = folder / MANIFEST_FILE
+    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    return path
+
+
+def read_manifest(folder: Path) -> dict[str, Any]:
+    """The export's manifest; EngineError when it is missing or not ours."""
+    path = folder / MANIFEST_FILE
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise EngineError(f"{path}: unreadable ({exc}); export the model first") from exc
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise EngineError(f"{path}: not a {FORMAT} manifest")
+    if data.get("version") != FORMAT_VERSION:
+        raise EngineError(f"{path}: manifest version {data.get('version')} is not supported")
+    if not isinstance(data.get("files"), dict) or not isinstance(data.get("variants"), dict):
+        raise EngineError(f"{path}: manifest lacks 'files' or 'variants'")
+    return data
+
+
+def external_data_path(graph: Path) -> Path:
+    """Where a graph's weights are stored: 'gpt.onnx' -> 'gpt.onnx.data' beside it."""
+    return graph.with_name(graph.name + ".data")
+
+
+def precision_files(manifest: Mapping[str, Any], precision: str) -> dict[str, str]:
+    """Graph role -> file for ``precision``; EngineError if that variant was never made."""
+    variants: Mapping[str, Any] = manifest["variants"]
+    graphs = variants.get(precision)
+    if not isinstance(graphs, dict) or set(graphs) != set(GRAPHS):
+        hint = " (run: tts-bridge models quantize)" if precision == "int8" else ""
+        raise EngineError(f"this export has no {precision} variant{hint}")
+    return {role: str(graphs[role]) for role in GRAPHS}
+
+
+def cpu_has_vnni() -> bool:
+    """True on an x86 CPU with VNNI, where onnxruntime's u8 x s8 products cannot saturate."""
+    try:
+        text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return False
+    flags = next((line for line in text.splitlines() if line.startswith("flags")), "")
+    return bool({"avx512_vnni", "avx_vnni"} & set(flags.split(":", 1)[-1].split()))
+
+
+# -- text clean-up (ChatTTS's Normalizer, no torch) ---------------------------------------------
+
+
+class TextCleaner:
+    """ChatTTS's ``Normalizer.__call__`` with no language normalizer registered (as the engines
+    use it): full-width punctuation for Chinese, punctuation folding and deletion of characters
+    the model never saw, homophone replacement. ChatTTS's own class imports torch.
+    """
+
+    _REJECT = re.compile(r"[^\u4e00-\u9fffA-Za-z，。、,\. ]")
+    _TAG = re.compile(r"\[[\w_]+\]")
+    _CJK = re.compile(r"[\u4e00-\u9fff]")
+    _ENGLISH_WORD = re.compile(r"\b[A-Za-z]+\b")
+    _SIMPLIFY = str.maketrans(
+        {
+            **dict.fromkeys("：；（）【】『』「」《》－", "，"),
+            "！": "。",
+            **dict.fromkeys(":;()><-", ","),
+            "!": ".",
+        }
+    )
+    _FULL_WIDTH = str.maketrans(
+        {
+            "!": "！", '"': "“", "'": "‘", "#": "＃", "$": "＄", "%": "％", "&": "＆",
+            "(": "（", ")": "）", ",": "，", "-": "－", "*": "＊", "+": "＋", ".": "。",
+            "/": "／", ":": "：", ";": "；", "<": "＜", "=": "＝", ">": "＞", "?": "？",
+            "@": "＠", "\\": "＼", "^": "＾", "`": "｀", "{": "｛", "|": "｜", "}": "｝",
+            "~": "～",
+        }
+    )  # fmt: skip
+
+    def __init__(self, homophones: Path) -> None:
+        try:
+            table = json.loads(homophones.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise EngineError(f"{homophones}: unreadable ({exc})") from exc
+        # ChatTTS replaces UTF-16 code units, so only characters of the basic plane ever match.
+        self._homophones = str.maketrans(
+            {k: v for k, v in table.items() if ord(k) <= 0xFFFF and ord(v) <= 0xFFFF}
+        )
+
+    def __call__(self, text: str) -> str:
+        chinese = len(self._CJK.findall(text))
+        if chinese > len(self._ENGLISH_WORD.findall(text)):
+            text = text.translate(self._FULL_WIDTH)
+        invalid = set(self._REJECT.findall(self._TAG.sub("", text)))
+        if invalid:
+            text = text.translate(self._SIMPLIFY)
+        text = text.translate(self._homophones)
+        if invalid:
+            texts, tags = _split_tags(text)
+            texts = [self._REJECT.sub("", t) for t in texts]
+            text = _combine_tags(texts, tags) if tags else texts[0]
+        return text
+
+
+def _split_tags(text: str) -> tuple[list[str], list[str]]:
+    """ChatTTS's _split_tags, quirks included (an unclosed tag is lost, a stray ']' adds '')."""
+    texts: list[str] = []
+    tags: list[str] = []
+    current_text = ""
+    current_tag = ""
+    for c in text:
+        if c == "[":
+            texts.append(current_text)
+            current_text = ""
+            current_tag = c
+        elif current_tag != "":
+            current_tag += c
+        else:
+            current_text += c
+        if c == "]":
+            tags.append(current_tag)
+            current_tag = ""
+    if current_text != "":
+        texts.append(current_text)
+    return texts, tags
+
+
+def _combine_tags(texts: list[str], tags: list[str]) -> str:
+    out = ""
+    for t in texts:
+        out += t + (tags.pop(0) if tags else "")
+    return out
+
+
+def code_prompt(text: str, speed_level: int, with_speaker: bool) -> str:
+    """ChatTTS's Speaker.decorate_code_prompts for one text (no text sample)."""
+    for tag in ("[Stts]", "[spk_emb]", "[empty_spk]"):
+        text = text.replace(tag, "")
+    speaker = "[spk_emb]" if with_speaker else "[empty_spk]"
+    return f"[Stts]{speaker}[speed_{speed_level}]{text.strip()}[Ptts]"
+
+
+def normalized_speaker(spk_emb: str, hidden_size: int) -> npt.NDArray[np.float32]:
+    """The vector ChatTTS writes at [spk_emb]: F.normalize of the float16 embedding, in float16.
+
+    torch normalises a float16 tensor in float16 (the norm accumulates in float32 and is rounded
+    to float16, then each value is divided and rounded); the result is widened to float32 when it
+    is written into the float32 embeddings.
+    """
+    values = decode_spk_emb(spk_emb, hidden_size)
+    if values.size != hidden_size:
+        raise EngineError(f"spk_emb has {values.size} values, this model needs {hidden_size}")
+    wide = values.astype(np.float32)
+    norm = np.float16(np.sqrt(np.sum(wide * wide, dtype=np.float32)))
+    norm = max(norm, np.float16(np.finfo(np.float16).tiny))
+    return (wide / np.float32(norm)).astype(np.float16).astype(np.float32)
+
+
+# -- sampling -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """ChatTTS's InferCodeParams that shape sampling (its defaults)."""
+
+    temperature: float | tuple[float, ...] = 0.3
+    """One temperature, or one per codebook."""
+    top_p: float = 0.7
+    top_k: int = 20
+    repetition_penalty: float = REPETITION_PENALTY
+    min_new_token: int = 0
+    max_new_token: int = 2048
+    greedy: bool = False
+    """Take the most likely code instead of sampling (after penalty, top-P/K and EOS rules)."""
+
+
+class CodeSampler:
+    """One step of ChatTTS's logits pipeline in numpy, on (rows = batch x num_vq, codes)."""
+
+    def __init__(self, params: SamplingParams, num_vq: int, eos: int, seed: int) -> None:
+        temps = params.temperature
+        per_vq = (temps,) * num_vq if isinstance(temps, int | float) else tuple(temps)
+        if len(per_vq) != num_vq or min(per_vq) <= 0:
+            raise ValueError(f"need {num_vq} positive temperatures, got {temps}")
+        self._temperature = np.asarray(per_vq, dtype=np.float32)
+        self._params = params
+        self._eos = eos
+        self._rng = np.random.default_rng(seed)
+
+    def __call__(
+        self, logits: npt.NDArray[np.float32], history: npt.NDArray[np.int64], step: int
+    ) -> npt.NDArray[np.int64]:
+        """Next code per row; ``history`` (rows, generated so far) feeds the penalty."""
+        rows, codes = logits.shape
+        scores = logits / np.tile(self._temperature, rows // self._temperature.size)[:, None]
+        scores = self._penalize(scores, history)
+        scores = self._top_p_k(scores)
+        if step < self._params.min_new_token:
+            scores[:, self._eos] = -np.inf
+        if self._params.greedy:
+            best: npt.NDArray[np.int64] = np.argmax(scores, axis=1).astype(np.int64)
+            return best
+        shifted = np.exp(scores - scores.max(axis=1, keepdims=True))
+        probs = shifted / shifted.sum(axis=1, keepdims=True)
+        cumulative = np.cumsum(probs, axis=1)
+        draws = self._rng.random(rows) * cumulative[:, -1]
+        picked: npt.NDArray[np.int64] = (cumulative <= draws[:, None]).sum(axis=1)
+        # Rounding can leave the last cumulative sum a hair below a draw: clamp to a real code.
+        clamped: npt.NDArray[np.int64] = np.minimum(picked, codes - 1).astype(np.int64)
+        return clamped
+
+    def _penalize(
+        self, scores: npt.NDArray[np.float32], history: npt.NDArray[np.int64]
+    ) -> npt.NDArray[np.float32]:
+        penalty = self._params.repetition_penalty
+        if penalty == 1.0 or history.shape[1] == 0:
+            return scores
+        window = history[:, -PENALTY_WINDOW:]
+        freq = np.zeros(scores.shape, dtype=np.float32)
+        np.add.at(freq, (np.arange(scores.shape[0])[:, None], window), 1.0)
+        alpha = np.power(np.float32(penalty), freq)
+        return np.where(scores < 0, scores * alpha, scores / alpha).astype(np.float32)
+
+    def _top_p_k(self, scores: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+        """transformers' TopPLogitsWarper then TopKLogitsWarper (each keeping >= 3 codes).
+
+        Top-P keeps a code when the probability of the codes ranked above it is below P; top-K
+        then keeps the K best of those. Both keep a prefix of the ranking, so only the K best
+        codes need sorting (ChatTTS sorts all 626 per row; the same codes survive).
+        """
+        codes = scores.shape[1]
+        k = min(max(self._params.top_k, MIN_TOKENS_TO_KEEP), codes)
+        candidates = np.argpartition(scores, codes - k, axis=1)[:, codes - k :]
+        values = np.take_along_axis(scores, candidates, axis=1)
+        order = np.argsort(-values, axis=1, kind="stable")
+        ranked = np.take_along_axis(candidates, order, axis=1)
+        best = np.take_along_axis(values, order, axis=1)
+        peak = best[:, :1]
+        probs = np.exp(best - peak) / np.exp(scores - peak).sum(axis=1, keepdims=True)
+        above = np.cumsum(probs, axis=1) - probs
+        keep = above < np.float32(self._params.top_p)
+        keep[:, :MIN_TOKENS_TO_KEEP] = True
+        out = np.full_like(scores, -np.inf)
+        kept = np.where(keep, ranked, ranked[:, :1])  # dropped slots repeat the best code
+        np.put_along_axis(out, kept, np.take_along_axis(scores, kept, axis=1), axis=1)
+        return out
+
+
+# -- the model ----------------------------------------------------------------------------------
+
+
+@dataclass
+class Generated:
+    """One text's result of the code loop: its codes and the hidden state of each step."""
+
+    codes: npt.NDArray[np.int64]
+    """(steps, num_vq) audio codes, EOS step excluded."""
+    hiddens: npt.NDArray[np.float32]
+    """(steps, hidden) GPT hidden states that produced ``codes``."""
+
+
+@dataclass
+class Prompt:
+    """Left-padded prompt embeddings for a batch of texts."""
+
+    input_ids: npt.NDArray[np.int64]
+    embeds: npt.NDArray[np.float32]
+    attention_mask: npt.NDArray[np.int64]
+
+
+@dataclass
+class StepTimes:
+    """Where the time of the last generation went (seconds), for the benchmark."""
+
+    gpt: float = 0.0
+    sampling: float = 0.0
+    steps: int = 0
+
+
+def session_options(threads: int, *, arena: bool = True, spinning: bool = True) -> Any:
+    """onnxruntime session options: intra-op ``threads``, inter-op 1, sequential execution.
+
+    ``spinning`` lets idle worker threads busy-wait for the next operator (onnxruntime's
+    default). A GPT step is a thousand small operators, so on an idle 2-core machine spinning
+    made the INT8 loop 37 % faster (67 vs 49 tokens/s, 2 threads). When other processes want
+    the cores it is a cliff instead: the pool waits on descheduled threads, and with a second
+    process busy the same loop fell to 10 tokens/s with spinning, 25 without. Turn it off
+    where the thread plan expects to share the cores.
+    """
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
+    options.intra_op_num_threads = max(1, threads)
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.enable_cpu_mem_arena = arena
+    options.log_severity_level = 3  # warnings about unused initializers are noise here
+    return options
+
+
+class ChatTTSOnnxModel:
+    """The loaded graphs, embeddings and tokenizer of one export; not thread-safe."""
+
+    def __init__(
+        self,
+        folder: Path,
+        graphs: Mapping[str, str],
+        *,
+        threads: int = 1,
+        arena: bool = True,
+        spinning: bool = True,
+    ) -> None:
+        import onnxruntime as ort
+        from tokenizers import Tokenizer
+
+        config = _read_json(folder / CONFIG_FILE)
+        try:
+            self.hidden_size = int(config["hidden_size"])
+            self.num_layers = int(config["num_hidden_layers"])
+            self.num_heads = int(config["num_attention_heads"])
+            self.head_dim = int(config["head_dim"])
+            self.num_vq = int(config["num_vq"])
+            self.num_codes = int(config["num_audio_tokens"])
+            self.hop_length = int(config["hop_length"])
+            self.n_fft = int(config["n_fft"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise EngineError(f"{folder / CONFIG_FILE}: missing or bad field {exc}") from exc
+        self.eos = self.num_codes - 1
+        options = session_options(threads, arena=arena, spinning=spinning)
+        providers = ["CPUExecutionProvider"]
+        try:
+            self._gpt = ort.InferenceSession(str(folder / graphs["gpt"]), options, providers)
+            self._decoder = ort.InferenceSession(
+                str(folder / graphs["decoder"]), options, providers
+            )
+            self._vocos = ort.InferenceSession(str(folder / graphs["vocos"]), options, providers)
+        except Exception as exc:  # onnxruntime raises its own untyped exception classes
+            raise EngineError(f"onnxruntime cannot load {folder}: {exc}") from exc
+        # The text table is large and only a prompt's rows are read: leave it on disk.
+        self._emb_text = np.load(folder / EMB_TEXT_FILE, mmap_mode="r", allow_pickle=False)
+        self._emb_code = np.load(folder / EMB_CODE_FILE, allow_pickle=False)
+        self._window = np.load(folder / WINDOW_FILE, allow_pickle=False).astype(np.float32)
+        self._tokenizer = Tokenizer.from_file(str(folder / TOKENIZER_DIR / "tokenizer.json"))
+        spk_id = self._tokenizer.token_to_id("[spk_emb]")
+        if spk_id is None:
+            raise EngineError(f"{folder}: the tokenizer has no [spk_emb] token")
+        self.spk_emb_id = int(spk_id)
+        self.cleaner = TextCleaner(folder / HOMOPHONES_FILE)
+        self._step = _BoundGptStep(
+            self._gpt,
+            [i.name for i in self._gpt.get_inputs()],
+            [o.name for o in self._gpt.get_outputs()],
+        )
+        self.times = StepTimes()
+
+    # -- prompt -----------------------------------------------------------------------------
+
+    def encode(self, prompts: Sequence[str], spk_emb: str | None) -> Prompt:
+        """Tokenize and embed ChatTTS prompts (left padding); insert the speaker vector."""
+        ids = [self._tokenizer.encode(p, add_special_tokens=False).ids for p in prompts]
+        width = max(len(i) for i in ids)
+        input_ids = np.zeros((len(ids), width), dtype=np.int64)
+        mask = np.zeros((len(ids), width), dtype=np.int64)
+        for row, row_ids in enumerate(ids):
+            input_ids[row, width - len(row_ids) :] = row_ids
+            mask[row, width - len(row_ids) :] = 1
+        embeds = np.asarray(self._emb_text[input_ids], dtype=np.float32)
+        # ChatTTS's Embed treats every position outside its text mask, padding included, as
+        # audio codes (all code 0 here). Masked out either way; kept equal to torch's inputs.
+        embeds[mask == 0] = self._emb_code[:, 0].sum(axis=0)
+        if spk_emb is not None:
+            vector = normalized_speaker(spk_emb, self.hidden_size)
+            embeds[input_ids == self.spk_emb_id] = vector
+        return Prompt(input_ids, embeds, mask)
+
+    def embed_codes(self, codes: npt.NDArray[np.int64]) -> npt.NDArray[np.float32]:
+        """(B, num_vq) codes -> (B, hidden): the sum of the codebooks' embeddings."""
+        picked = self._emb_code[np.arange(self.num_vq)[None, :], codes]
+        return np.asarray(picked.sum(axis=1), dtype=np.float32)
+
+    # -- the code loop ----------------------------------------------------------------------
+
+    def new_cache(self, batch: int) -> KVCache:
+        """An empty KV cache for ``batch`` rows (what the prefill step starts from)."""
+        return KVCache(batch, self.num_layers, self.num_heads, self.head_dim)
+
+    def step(
+        self,
+        embeds: npt.NDArray[np.float32],
+        attention_mask: npt.NDArray[np.int64],
+        position_ids: npt.NDArray[np.int64],
+        cache: KVCache,
+    ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
+        """One GPT step: logits (B, num_vq, codes) and hidden state (B, H); extends ``cache``.
+
+        ``attention_mask`` covers the cached positions and the new ones.
+        """
+        return self._step(embeds, attention_mask, position_ids, cache)
+
+    def generate(
+        self,
+        prompt: Prompt,
+        params: SamplingParams,
+        seed: int,
+        budgets: Sequence[int] | None = None,
+    ) -> list[Generated]:
+        """ChatTTS's GPT.generate for audio codes with return_hidden=True.
+
+        ``budgets`` optionally caps each row below ``params.max_new_token`` (a batched short
+        text then ends at its own budget instead of running as long as its longest mate).
+        """
+        batch = prompt.embeds.shape[0]
+        row_budget = np.full(batch, params.max_new_token, dtype=np.int64)
+        if budgets is not None:
+            row_budget = np.minimum(row_budget, np.asarray(budgets, dtype=np.int64))
+        sampler = CodeSampler(params, self.num_vq, self.eos, seed)
+        mask = prompt.attention_mask
+        positions = np.cumsum(mask, axis=1) - 1
+        positions[mask == 0] = 1
+        embeds = prompt.embeds
+        cache = self.new_cache(batch)
+        codes = np.zeros((batch, params.max_new_token, self.num_vq), dtype=np.int64)
+        hiddens = np.zeros((batch, params.max_new_token, self.hidden_size), dtype=np.float32)
+        lengths = np.zeros(batch, dtype=np.int64)
+        finished = np.zeros(batch, dtype=bool)
+        times = StepTimes()
+        for step in range(params.max_new_token):
+            started = time.perf_counter()
+            logits, hidden = self._step(embeds, mask, positions, cache)
+            between = time.perf_counter()
+            hiddens[:, step] = hidden
+            # (B, num_vq, steps) -> (B*num_vq, steps): ChatTTS's logits_token row order.
+            history = codes[:, :step].transpose(0, 2, 1).reshape(batch * self.num_vq, step)
+            flat = logits.reshape(batch * self.num_vq, self.num_codes)
+            picked = sampler(flat, history, step).reshape(batch, self.num_vq)
+            codes[:, step] = picked
+            finished |= (picked == self.eos).any(axis=1)
+            lengths += ~finished
+            finished |= lengths >= row_budget
+            times.gpt += between - started
+            times.sampling += time.perf_counter() - between
+            times.steps += 1
+            if finished.all():
+                break
+            embeds = self.embed_codes(picked)[:, None, :]
+            mask = np.concatenate([mask, np.ones((batch, 1), dtype=np.int64)], axis=1)
+            positions = mask.sum(axis=1, keepdims=True) - 1
+        else:
+            _LOGGER.debug("code loop hit max_new_token %d", params.max_new_token)
+        self.times = times
+        return [
+            Generated(codes[row, : lengths[row]].copy(), hiddens[row, : lengths[row]].copy())
+            for row in range(batch)
+        ]
+
+    # -- decoding ---------------------------------------------------------------------------
+
+    def spectrum(
+        self, hiddens: npt.NDArray[np.float32]
+    ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
+        """(steps, hidden) -> Vocos magnitude and phase, each (1, n_fft/2 + 1, 2 x steps)."""
+        batch = np.ascontiguousarray(hiddens.T[None, :, :], dtype=np.float32)
+        (mel,) = self._decoder.run(None, {"hidden": batch})
+        magnitude, phase = self._vocos.run(None, {"mel": mel})
+        return magnitude, phase
+
+    def decode(self, hiddens: npt.NDArray[np.float32]) -> FloatAudio:
+        """Hidden states of one text -> waveform (ChatTTS's _decode_to_wavs for one text)."""
+        if hiddens.shape[0] == 0:
+            return np.zeros(0, dtype=np.float32)
+        magnitude, phase = self.spectrum(hiddens)
+        return istft(magnitude[0], phase[0], self._window, self.hop_length)
+
+
+FOLD_EVERY = 32
+"""Steps the recent KV part may grow before it is folded into the settled part: each step
+copies the recent part once (in the graph) and each fold copies the settled part once, so a few
+dozen balances the two for generations of a few hundred steps."""
+
+
+class KVCache:
+    """Per-layer keys and values in the GPT graph's two parts (see the exporter's docs).
+
+    ``settled`` holds numpy arrays read in place by onnxruntime; ``recent`` holds the last
+    step's ``present`` outputs, still onnxruntime's own tensors, until they are folded.
+    """
+
+    def __init__(self, batch: int, layers: int, heads: int, head_dim: int) -> None:
+        empty = np.zeros((batch, heads, 0, head_dim), dtype=np.float32)
+        self.settled: list[npt.NDArray[np.float32]] = [empty] * (2 * layers)
+        self.recent: list[Any] = [empty] * (2 * layers)
+
+    @property
+    def length(self) -> int:
+        return int(self.settled[0].shape[2]) + _length(self.recent[0])
+
+    def extend(self, presents: list[Any]) -> None:
+        self.recent = list(presents)
+        if _length(presents[0]) >= FOLD_EVERY:
+            self.fold()
+
+    def fold(self) -> None:
+        batch, heads, _, head_dim = self.settled[0].shape
+        empty = np.zeros((batch, heads, 0, head_dim), dtype=np.float32)
+        # One layer at a time, dropping each old array as its successor exists: the transient
+        # is one layer's cache, not a second copy of the whole cache.
+        for index, recent in enumerate(self.recent):
+            self.settled[index] = np.concatenate((self.settled[index], _as_numpy(recent)), axis=2)
+            self.recent[index] = empty
+
+
+def _length(value: Any) -> int:
+    shape = value.shape() if callable(value.shape) else value.shape
+    return int(shape[2])
+
+
+def _as_numpy(value: Any) -> npt.NDArray[np.float32]:
+    return value if isinstance(value, np.ndarray) else np.asarray(value.numpy())
+
+
+class _BoundGptStep:
+    """The GPT step through an IOBinding: the recent KV part stays in onnxruntime's tensors
+    from one step to the next, and the settled part is read from numpy without a copy."""
+
+    def __init__(self, session: Any, inputs: Sequence[str], outputs: Sequence[str]) -> None:
+        self._session = session
+        self._inputs = list(inputs)
+        self._outputs = list(outputs)
+        self._cache_names = self._inputs[3:]
+
+    def __call__(
+        self,
+        embeds: npt.NDArray[np.float32],
+        attention_mask: npt.NDArray[np.int64],
+        position_ids: npt.NDArray[np.int64],
+        cache: KVCache,
+    ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
+        binding = self._session.io_binding()
+        # Bound arrays are read in place by run_with_iobinding: keep them referenced until then.
+        arrays = [np.ascontiguousarray(a) for a in (embeds, attention_mask, position_ids)]
+        for name, array in zip(self._inputs[:3], arrays, strict=True):
+            binding.bind_cpu_input(name, array)
+        # Graph order per layer: past key, past value, recent key, recent value.
+        values: list[Any] = []
+        for layer in range(len(cache.settled) // 2):
+            values += cache.settled[2 * layer : 2 * layer + 2]
+            values += cache.recent[2 * layer : 2 * layer + 2]
+        for name, value in zip(self._cache_names, values, strict=True):
+            if isinstance(value, np.ndarray):
+                binding.bind_cpu_input(name, value)
+            else:
+                binding.bind_ortvalue_input(name, value)
+        for name in self._outputs:
+            binding.bind_output(name, "cpu")
+        self._session.run_with_iobinding(binding)
+        outputs = binding.get_outputs()
+        # Drop this step's references to the settled cache before a fold replaces it, or old
+        # and new cache would both be alive at the fold (the peak memory doubled the cache).
+        del binding, values, arrays
+        cache.extend(list(outputs[2:]))
+        return outputs[0].numpy(), outputs[1].numpy()
+
+
+def istft(
+    magnitude: npt.NDArray[np.float32],
+    phase: npt.NDArray[np.float32],
+    window: npt.NDArray[np.float32],
+    hop_length: int,
+) -> FloatAudio:
+    """``torch.istft(mag * e^(i phase), n_fft, hop, window=window, center=True)`` in numpy.
+
+    Frames are inverse-FFT'd, windowed and overlap-added; the sum is divided by the overlapped
+    squared window and ``n_fft // 2`` samples are trimmed from each end (``center=True``).
+    """
+    n_fft = window.size
+    frames = magnitude.shape[1]
+    spectrum = (magnitude * np.cos(phase)) + 1j * (magnitude * np.sin(phase))
+    chunks = np.fft.irfft(spectrum.astype(np.complex64), n=n_fft, axis=0).astype(np.float32)
+    chunks *= window[:, None]
+    total = n_fft + hop_length * (frames - 1)
+    signal = np.zeros(total, dtype=np.float32)
+    envelope = np.zeros(total, dtype=np.float32)
+    squared = window * window
+    for index in range(frames):
+        start = index * hop_length
+        signal[start : start + n_fft] += chunks[:, index]
+        envelope[start : start + n_fft] += squared
+    half = n_fft // 2
+    body = slice(half, total - half)
+    return np.asarray(signal[body] / envelope[body], dtype=np.float32)
+
+
+# -- the engine ---------------------------------------------------------------------------------
+
+
+@dataclass
+class _Loaded:
+    model: ChatTTSOnnxModel
+    stats: SpeakerStats
+    default_speaker: str
+
+
+class ChatTTSOnnxEngine:
+    """ChatTTS from an ONNX export, on onnxruntime (FP32 or INT8). Cheap to construct.
+
+    ``expected_sha256`` maps each file of the export (relative path) to its hex sha256, as the
+    project's model registry records it; None trusts the export's own ``manifest.json`` (which
+    still catches a damaged or half-copied file, not a deliberately replaced one).
+    ``threads`` is onnxruntime's intra-op thread count (inter-op is 1, execution sequential);
+    ``arena`` its CPU memory arena (faster, keeps peak memory); ``spinning`` see
+    ``session_options``. ``tier`` is "fast" by default; set the attribute to serve quality.
+    """
+
+    name = "chattts-onnx"
+    tier: Tier = "fast"
+    options_type = ChatTTSOptions
+
+    @staticmethod
+    def prepare_text(text: str) -> str:
+        return spell_out(text)
+
+    languages = frozenset({"zh", "en"})
+
+    def __init__(
+        self,
+        folder: Path,
+        *,
+        precision: Precision = "int8",
+        expected_sha256: Mapping[str, str] | None = None,
+        threads: int = 1,
+        arena: bool = True,
+        spinning: bool = True,
+        defaults: ChatTTSOptions | None = None,
+        default_speaker: str | None = None,
+        hasher: Callable[[Path], str] = sha256_file,
+    ) -> None:
+        self._folder = folder
+        self._precision: Precision = precision
+        self._expected = dict(expected_sha256) if expected_sha256 is not None else None
+        self._threads = max(1, threads)
+        self._arena = arena
+        self._spinning = spinning
+        self._defaults = defaults or ChatTTSOptions()
+        self._default_speaker = default_speaker
+        self._hasher = hasher
+        # One generation at a time: the sessions could run concurrently, but two loops would
+        # only split the same cores (batching several texts is the way to use them).
+        self._lock = threading.RLock()
+        self._loaded: _Loaded | None = None
+
+    # -- identity and metadata -------------------------------------------------------------
+
+    @property
+    def sample_rate(self) -> int:
+        return SAMPLE_RATE
+
+    @property
+    def precision(self) -> Precision:
+        return self._precision
+
+    @property
+    def identity(self) -> str:
+        expected = self._expected_hashes()
+        lines = "".join(f"{rel}={expected.get(rel, '').lower()}\n" for rel in self.files())
+        digest = hashlib.sha256(lines.encode("utf-8")).hexdigest()
+        return f"{self.name}:{self._folder.name}:{self._precision}:{digest[:16]}"
+
+    @property
+    def loaded(self) -> bool:
+        return self._loaded is not None
+
+    @property
+    def hidden_size(self) -> int:
+        config = _read_json(self._folder / CONFIG_FILE)
+        try:
+            return int(config["hidden_size"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise EngineError(f"{self._folder / CONFIG_FILE}: no hidden_size") from exc
+
+    def files(self) -> tuple[str, ...]:
+        """Relative paths of every file this precision loads."""
+        manifest = read_manifest(self._folder)
+        graphs = set(precision_files(manifest, self._precision).values())
+        data = {external_data_path(Path(g)).as_posix() for g in graphs}
+        return (*COMMON_FILES, *sorted(graphs | (data & set(manifest["files"]))))
+
+    def validate_speaker(self, spk_emb: str) -> None:
+        validate_spk_emb(spk_emb, self.hidden_size)
+
+    def speaker_stats(self) -> SpeakerStats:
+        loaded = self._loaded
+        if loaded is not None:
+            return loaded.stats
+        self._verify_file(SPK_STAT_NAME, self._expected_hashes())
+        return read_spk_stat_file(self._folder / SPK_STAT_NAME, self.hidden_size)
+
+    def sample_speaker(self, seed: int) -> str:
+        """The same spk_emb for ``seed`` as the torch engine (numpy's seeded generator)."""
+        return sample_spk_emb(self.speaker_stats(), seed)
+
+    # -- load / unload ---------------------------------------------------------------------
+
+    def load(self) -> None:
+        with self._lock:
+            if self._loaded is None:
+                self._loaded = self._load_locked()
+
+    def _load_locked(self) -> _Loaded:
+        started = time.monotonic()
+        self.verify()
+        manifest = read_manifest(self._folder)
+        graphs = precision_files(manifest, self._precision)
+        quantization = manifest.get("quantization") or {}
+        if (
+            self._precision == "int8"
+            and quantization.get("weight_type") == "qint8"
+            and not cpu_has_vnni()
+        ):
+            _LOGGER.warning(
+                "%s: QInt8 weights on a CPU without VNNI can saturate and garble the audio; "
+                "re-quantize on this machine (tts-bridge models quantize)",
+                self._folder,
+            )
+        # The speaker first: encoding one runs LZMA at preset 9 (a 64 MB dictionary), and done
+        # before the graphs load, that transient does not add to the process's peak RSS.
+        hidden_size = self.hidden_size
+        stats = read_spk_stat_file(self._folder / SPK_STAT_NAME, hidden_size)
+        default_speaker = self._default_speaker or sample_spk_emb(stats, DEFAULT_SPEAKER_SEED)
+        validate_spk_emb(default_speaker, hidden_size)
+        model = ChatTTSOnnxModel(
+            self._folder,
+            graphs,
+            threads=self._threads,
+            arena=self._arena,
+            spinning=self._spinning,
+        )
+        _LOGGER.info(
+            "Loaded ChatTTS ONNX %s (%s, hidden %d x %d layers, %d threads) in %.1f s",
+            self._folder,
+            self._precision,
+            model.hidden_size,
+            model.num_layers,
+            self._threads,
+            time.monotonic() - started,
+        )
+        return _Loaded(model, stats, default_speaker)
+
+    def verify(self) -> None:
+        """Hash every file this precision needs; EngineError names a missing or bad file."""
+        expected = self._expected_hashes()
+        for rel in self.files():
+            self._verify_file(rel, expected)
+
+    def _verify_file(self, rel: str, expected: Mapping[str, str]) -> None:
+        path = self._folder / rel
+        want = expected.get(rel)
+        if want is None:
+            raise EngineError(f"{path}: no expected sha256 for this file")
+        if not path.is_file():
+            raise EngineError(f"{path}: missing (ChatTTS ONNX export incomplete)")
+        actual = self._hasher(path)
+        if actual != want.lower():
+            raise EngineError(
+                f"{path}: sha256 mismatch: expected {want.lower()}, actual {actual}; "
+                "refusing to load a modified or corrupt model file"
+            )
+
+    def unload(self) -> None:
+        with self._lock:
+            if self._loaded is None:
+                return
+            self._loaded = None
+        gc.collect()
+        _LOGGER.info("Unloaded ChatTTS ONNX %s", self._folder)
+
+    # -- synthesis -------------------------------------------------------------------------
+
+    def synthesize(
+        self, text: str, speaker: str | None, options: SynthesisOptions
+    ) -> Iterator[FloatAudio]:
+        """Speak ``text``: one float32 chunk per generation of at most ~25 s expected audio."""
+        chosen = self._options(options)
+        if speaker is not None:
+            self.validate_speaker(speaker)
+        chunks = split_for_generation(strip_control_tags(text), chosen.speed_level)
+        for chunk in filter(is_speakable, chunks):
+            (audio,) = self.synthesize_batch([chunk], speaker, chosen)
+            if audio.size:
+                yield audio
+
+    def synthesize_batch(
+        self, texts: Sequence[str], speaker: str | None, options: SynthesisOptions
+    ) -> list[FloatAudio]:
+        """Speak several short texts in one code loop (left-padded, each ends on its own EOS).
+
+        Each text must fit one generation (see ``split_for_generation``); background work
+        such as idle pre-rendering uses this to keep both cores busy. The seed of ``options``
+        applies to the batch as a whole, so a text's audio depends on its batch-mates.
+        """
+        chosen = self._options(options)
+        if speaker is not None:
+            self.validate_speaker(speaker)
+        clips = [np.zeros(0, dtype=np.float32) for _ in texts]
+        # Punctuation or emoji alone would make ChatTTS babble: such texts stay silent.
+        wanted = [i for i, t in enumerate(texts) if is_speakable(strip_control_tags(t))]
+        if not wanted:
+            return clips
+        spoken = [strip_control_tags(texts[i]) for i in wanted]
+        budgets = [max_new_tokens(expected_seconds(t, chosen.speed_level)) for t in spoken]
+        budget = max(budgets)
+        params = SamplingParams(
+            temperature=chosen.temperature,
+            top_p=chosen.top_P,
+            top_k=chosen.top_K,
+            # As the torch engine: at least one code, so a generation is never empty.
+            min_new_token=1,
+            max_new_token=budget,
+        )
+        with self._lock:
+            if self._loaded is None:
+                self._loaded = self._load_locked()
+            loaded = self._loaded
+            model = loaded.model
+            prompts = [code_prompt(model.cleaner(t), chosen.speed_level, True) for t in spoken]
+            _LOGGER.debug(
+                "ChatTTS ONNX: %s (max %d tokens, seed %d)",
+                short(" | ".join(spoken)),
+                budget,
+                chosen.seed,
+            )
+            try:
+                prompt = model.encode(prompts, speaker or loaded.default_speaker)
+                results = model.generate(prompt, params, chosen.seed, budgets)
+                audio = [model.decode(r.hiddens) for r in results]
+            except Exception as exc:  # onnxruntime's errors have no common public base class
+                raise EngineError(f"ChatTTS ONNX failed on {short(spoken[0])}: {exc}") from exc
+        for index, wave in zip(wanted, audio, strict=True):
+            clips[index] = np.clip(wave[np.abs(wave) > SILENCE_THRESHOLD], -1.0, 1.0)
+        return clips
+
+    def _options(self, options: SynthesisOptions) -> ChatTTSOptions:
+        if isinstance(options, ChatTTSOptions):
+            chosen = options
+        else:
+            try:
+                chosen = replace(self._defaults, speed=options.speed)
+            except ValueError as exc:
+                raise EngineError(f"ChatTTS cannot use these options: {exc}") from exc
+        if chosen.refine_text:
+            # The refine pass (text generation with the text head) is not ported; audio made
+            # without it must not be cached under a key that says refined.
+            raise EngineError("chattts-onnx does not support refine_text; use the torch engine")
+        return chosen
+
+    def _expected_hashes(self) -> dict[str, str]:
+        if self._expected is not None:
+            return self._expected
+        files: dict[str, str] = read_manifest(self._folder)["files"]
+        return files
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise EngineError(f"{path}: unreadable: {exc}") from exc
+    if not isinstance(data, dict):
+        raise EngineError(f"{path}: expected a JSON object")
+    return data
