@@ -16,7 +16,7 @@ from typing import Any
 
 import psutil
 import pytest
-from conftest import BridgeFactory, MqttProbe, ProbeFactory, ReceivedMessage, RunningBridge
+from conftest import BridgeFactory, MqttProbe, ProbeFactory, RunningBridge
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -36,10 +36,20 @@ def responses(probe: MqttProbe, since: int = 0) -> list[dict[str, Any]]:
 
 
 def wait_answers(probe: MqttProbe, ids: list[str], since: int, timeout: float = WAIT_S) -> None:
-    def all_there(_: ReceivedMessage) -> bool:
-        return set(ids) <= {r["id"] for r in responses(probe, since)}
-
-    probe.wait_for(all_there, timeout, since=since, what=f"answers for {ids}")
+    # Polls rather than probe.wait_for: a predicate over all answers, run for every message,
+    # is cubic in a 1000-request burst and starves the probe's network thread.
+    wanted = set(ids)
+    deadline = time.monotonic() + timeout
+    while True:
+        missing = wanted - {r["id"] for r in responses(probe, since)}
+        if not missing:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(
+                f"no answer within {timeout} s for {len(missing)} of {len(ids)} requests, "
+                f"e.g. {sorted(missing)[:5]}\n{probe.diagnostics() if probe.diagnostics else ''}"
+            )
+        time.sleep(0.2)
 
 
 def say(probe: MqttProbe, text: str, request_id: str, target: str = "rel", **extra: Any) -> None:
