@@ -17,7 +17,6 @@ onnx and onnxscript; the measurements need onnxruntime, numpy and tokenizers onl
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import logging
 import os
@@ -25,143 +24,21 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from tts_bridge.bench_chattts import write_random_checkpoint
+
 _LOGGER = logging.getLogger(__name__)
 
 # ChatTTS 0.2.5's official sizes (ChatTTS/config/config.py); Config() carries the rest.
-OFFICIAL_GPT = {
-    "hidden_size": 768,
-    "intermediate_size": 3072,
-    "num_attention_heads": 12,
-    "num_hidden_layers": 20,
-    "max_position_embeddings": 4096,
-}
-OFFICIAL_TEXT_TOKENS = 21178
-NUM_VQ = 4
-NUM_AUDIO_TOKENS = 626
 BENCH_TEXT = "The washing machine has finished and the front door is locked."
 _WARMUP_TOKENS = 4
 
 
 # -- the full-size random checkpoint ----------------------------------------------------------
-
-
-def make_full_size_checkpoint(dest: Path, seed: int = 0) -> Path:
-    """Write a random checkpoint with ChatTTS's official shapes in its asset layout.
-
-    (tests/chattts_tiny.py's ``make_tiny_checkpoint(hidden_size=768, num_layers=20)`` is not
-    it: its MLP is 2 x hidden, its heads 16 wide, its vocabulary, decoder and vocoder tiny.)
-    """
-    import torch
-    from ChatTTS.config import Config
-    from ChatTTS.model.dvae import DVAE
-    from ChatTTS.model.embed import Embed
-    from safetensors.torch import save_file
-    from transformers import LlamaConfig, LlamaModel
-
-    # vocos ships no type information; importlib keeps mypy from asking for stubs.
-    Vocos = importlib.import_module("vocos").Vocos  # noqa: N806 -- a class
-    instantiate_class = importlib.import_module("vocos.pretrained").instantiate_class
-
-    asset = dest / "asset"
-    (asset / "gpt").mkdir(parents=True, exist_ok=True)
-    (asset / "tokenizer").mkdir(parents=True, exist_ok=True)
-
-    def save(state: dict[str, Any], path: Path) -> None:
-        save_file({k: v.detach().contiguous().clone() for k, v in state.items()}, str(path))
-
-    config = Config()
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        gpt_config: dict[str, Any] = {
-            "architectures": ["LlamaModel"],
-            "model_type": "llama",
-            **OFFICIAL_GPT,
-            "num_key_value_heads": OFFICIAL_GPT["num_attention_heads"],
-            "hidden_act": "silu",
-            "rms_norm_eps": 1e-6,
-            "rope_theta": 10000.0,
-            "attention_bias": False,
-            "mlp_bias": False,
-            "tie_word_embeddings": False,
-            "use_cache": False,
-            "vocab_size": 8,
-            "num_audio_tokens": NUM_AUDIO_TOKENS,
-            "num_text_tokens": None,
-            "num_vq": NUM_VQ,
-            "spk_KL": False,
-            "spk_emb_dim": 192,
-        }
-        (asset / "gpt" / "config.json").write_text(json.dumps(gpt_config, indent=2) + "\n")
-        llama = LlamaModel(
-            LlamaConfig(**{k: v for k, v in gpt_config.items() if k != "architectures"})
-        )
-        state = {k: v for k, v in llama.state_dict().items() if not k.startswith("embed_tokens")}
-        save(state, asset / "gpt" / "model.safetensors")
-        del llama, state
-
-        embed = Embed(768, NUM_AUDIO_TOKENS, OFFICIAL_TEXT_TOKENS, NUM_VQ)
-        save(embed.state_dict(), asset / "Embed.safetensors")
-        dvae = DVAE(
-            decoder_config=asdict(config.dvae.decoder),
-            encoder_config=asdict(config.dvae.encoder),
-            vq_config=asdict(config.dvae.vq),
-            dim=config.dvae.decoder.idim,
-        )
-        save(dvae.state_dict(), asset / "DVAE.safetensors")
-        decoder = DVAE(decoder_config=asdict(config.decoder), dim=config.decoder.idim)
-        save(decoder.state_dict(), asset / "Decoder.safetensors")
-        vocos = Vocos(
-            feature_extractor=instantiate_class(
-                args=(), init=asdict(config.vocos.feature_extractor)
-            ),
-            backbone=instantiate_class(args=(), init=asdict(config.vocos.backbone)),
-            head=instantiate_class(args=(), init=asdict(config.vocos.head)),
-        )
-        save(vocos.state_dict(), asset / "Vocos.safetensors")
-    _write_tokenizer(asset / "tokenizer")
-    _write_spk_stat(asset / "spk_stat.json", 768, seed)
-    return dest
-
-
-def _write_tokenizer(folder: Path) -> None:
-    """A small BERT-style tokenizer with ChatTTS's control tokens (ids stay below 21178)."""
-    from tokenizers import Tokenizer, normalizers, pre_tokenizers
-    from tokenizers.models import WordPiece
-
-    letters = "abcdefghijklmnopqrstuvwxyz0123456789"
-    pieces = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *"，。,.!?'", *letters]
-    pieces += [f"##{c}" for c in letters]
-    tokenizer = Tokenizer(WordPiece({p: i for i, p in enumerate(pieces)}, unk_token="[UNK]"))
-    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
-    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    control = ["[Stts]", "[Ptts]", "[spk_emb]", "[empty_spk]", "[uv_break]", "[laugh]"]
-    control += [f"[speed_{i}]" for i in range(10)] + [f"[break_{i}]" for i in range(8)]
-    tokenizer.add_special_tokens(control)
-    tokenizer.save(str(folder / "tokenizer.json"))
-    special = {"pad_token": "[PAD]", "unk_token": "[UNK]", "cls_token": "[CLS]"}
-    (folder / "special_tokens_map.json").write_text(json.dumps(special) + "\n")
-    config = {**special, "tokenizer_class": "BertTokenizerFast", "padding_side": "left"}
-    (folder / "tokenizer_config.json").write_text(json.dumps(config) + "\n")
-
-
-def _write_spk_stat(path: Path, hidden_size: int, seed: int) -> None:
-    from tts_bridge.engines.chattts_torch import SPK_STAT_FORMAT
-
-    b14 = importlib.import_module("pybase16384")  # untyped C extension, no stubs
-    rng = np.random.default_rng(seed)
-    stat = np.concatenate([rng.uniform(0.5, 1.5, hidden_size), rng.normal(0, 0.2, hidden_size)])
-    encoded = b14.encode_to_string(stat.astype(np.float16).tobytes())
-    data = {"format": SPK_STAT_FORMAT, "version": 1, "hidden_size": hidden_size}
-    path.write_text(json.dumps({**data, "spk_stat": encoded}) + "\n")
-
-
-# -- measurement (child process, no torch) ----------------------------------------------------
 
 
 def measure(
@@ -269,7 +146,8 @@ def run_onnx_bench(
     export = out / "onnx"
     if not (checkpoint / "asset" / "spk_stat.json").is_file():
         _LOGGER.info("Building a full-size random checkpoint in %s", checkpoint)
-        make_full_size_checkpoint(checkpoint)
+        # The same official-shape random checkpoint as the torch bench (one writer for both).
+        write_random_checkpoint(checkpoint)
     if not (export / MANIFEST_FILE).is_file():
         from tts_bridge.export.chattts_onnx import export_chattts
 
