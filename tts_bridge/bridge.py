@@ -364,8 +364,7 @@ class Bridge:
             entry_id = self._journal_accept(message, request, reply)
             if entry_id is None:
                 return  # a duplicate (answered again) or the journal failed (not acked)
-        route = self._route(request, plan)
-        estimate = self._synth.uncached_cost_s(route.voice, plan.sentences)
+        route, estimate = self._route(request, plan)
         _LOGGER.debug(
             "Request %s: %s tier (%s, quality estimate %.2f s)",
             request.id,
@@ -423,15 +422,15 @@ class Bridge:
             _LOGGER.info("Request %s is already being served; duplicate ignored", request.id)
         return None
 
-    def _route(self, request: SayRequest, plan: Plan) -> Route:
+    def _route(self, request: SayRequest, plan: Plan) -> tuple[Route, float]:
+        """The route, and the chosen voice's estimated cost for this request (the job's
+        estimate in the scheduler's backlog)."""
         fast_name = plan.voice.settings.fast_voice
         fast = self._synth.engines.voice(fast_name) if fast_name else None
-        cost = (
-            self._synth.uncached_cost_s(plan.voice, plan.sentences, plan.options)
-            if request.use_cache
-            else 1.0
+        cost = self._synth.uncached_cost_s(
+            plan.voice, plan.sentences, plan.options, use_cache=request.use_cache
         )
-        return self._router.choose(
+        route = self._router.choose(
             plan.voice,
             fast,
             language=plan.language,
@@ -440,6 +439,9 @@ class Bridge:
             forced=request.tier,
             budget_ms=request.latency_budget_ms,
         )
+        if route.voice is not plan.voice:
+            cost = self._synth.uncached_cost_s(route.voice, plan.sentences)
+        return route, cost
 
     # synthesis threads
 
@@ -660,8 +662,7 @@ class Bridge:
             return
         _LOGGER.info("Hermes request %s for site %s: %s", say.id, say.site_id, short(say.text))
         request = SayRequest(say.id, say.text, say.site_id, None, say.language, True)
-        route = self._route(request, plan)
-        estimate = self._synth.uncached_cost_s(route.voice, plan.sentences)
+        route, estimate = self._route(request, plan)
         if not self._scheduler.submit_live(lambda: self._serve_hermes(say, plan, route), estimate):
             self._hermes_error(say, "the bridge is busy; retry later")
 

@@ -167,11 +167,19 @@ class Synthesizer:
         return self.cache.contains(key)
 
     def uncached_cost_s(
-        self, voice: Voice, sentences: list[str], options: SynthesisOptions | None = None
+        self,
+        voice: Voice,
+        sentences: list[str],
+        options: SynthesisOptions | None = None,
+        *,
+        use_cache: bool = True,
     ) -> float:
-        """Estimated compute for the sentences of this voice that are not cached yet."""
+        """Estimated compute for the sentences of this voice that are not cached yet
+        (all of them when the request does not use the cache)."""
         options = options or self.options_for(voice)
-        chars = sum(len(s) for s in sentences if not self.is_cached(voice, s, options))
+        chars = sum(
+            len(s) for s in sentences if not (use_cache and self.is_cached(voice, s, options))
+        )
         return self.estimator.seconds(voice.engine.name, voice.engine.identity, chars)
 
     def sentence(

@@ -144,8 +144,13 @@ class EnginePool:
         threads = threads or settings.synthesis.onnx_threads or len(os.sched_getaffinity(0))
         models_dir = settings.models.dir
 
+        known: dict[Path, Mapping[str, str] | None] = {}
+
         def expected(path: Path) -> Mapping[str, str] | None:
-            return manifest_hashes(path, models_dir)
+            # Looked up once per model path: each lookup reads every manifest file.
+            if path not in known:
+                known[path] = manifest_hashes(path, models_dir)
+            return known[path]
 
         self._unverified: dict[str, str] = {}
         for name, voice in settings.voices.items():
