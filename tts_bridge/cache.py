@@ -12,7 +12,6 @@ import hashlib
 import json
 import logging
 import os
-import threading
 import time
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -66,7 +65,6 @@ class SentenceCache:
             eviction_policy="least-recently-used",
             cull_limit=10,
         )
-        self._lock = threading.Lock()
         # Sentences answered by the fast tier that still need their quality version: a separate
         # persistent, insertion-ordered index, so cache eviction never forgets an upgrade.
         self.upgrades = diskcache.Index(str(self.directory / "upgrades"))
