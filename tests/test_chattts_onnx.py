@@ -428,11 +428,15 @@ def test_missing_int8_variant_says_how_to_make_it(export: Path, tmp_path: Path) 
         ChatTTSOnnxEngine(copy, precision="int8").load()
 
 
-def test_refine_text_is_refused_rather_than_ignored(export: Path) -> None:
-    engine = ChatTTSOnnxEngine(export)
-    with pytest.raises(EngineError, match="refine_text"):
-        list(engine.synthesize("Hello.", None, ChatTTSOptions(refine_text=True)))
-    assert not engine.loaded
+def test_refine_text_is_applied_rather_than_ignored(export: Path) -> None:
+    """refine_text rewrites the text before the code loop (parity: tests/test_chattts_refine.py):
+    audio cached under a key that says refined must really be refined."""
+    engine = ChatTTSOnnxEngine(export, precision="fp32", threads=THREADS)
+    (plain,) = engine.synthesize("Hello.", None, ChatTTSOptions(seed=1))
+    (refined,) = engine.synthesize("Hello.", None, ChatTTSOptions(seed=1, refine_text=True))
+    assert refined.dtype == np.float32 and refined.size > 0 and np.isfinite(refined).all()
+    assert not np.array_equal(plain, refined)
+    engine.unload()
 
 
 def test_batch_gives_one_clip_per_text(export: Path) -> None:

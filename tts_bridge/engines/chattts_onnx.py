@@ -37,7 +37,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -60,6 +60,9 @@ from tts_bridge.engines.chattts_torch import (
 from tts_bridge.models import sha256_file
 from tts_bridge.text.sentences import is_speakable
 from tts_bridge.textlog import short
+
+if TYPE_CHECKING:
+    from tts_bridge.engines.chattts_refine import TextRefiner
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -719,6 +722,8 @@ class _Loaded:
     model: ChatTTSOnnxModel
     stats: SpeakerStats
     default_speaker: str
+    refiner: TextRefiner | None = None
+    """The refine pass, loaded on the first request with refine_text."""
 
 
 class ChatTTSOnnxEngine:
@@ -802,6 +807,8 @@ class ChatTTSOnnxEngine:
         """Relative paths of every file this precision loads."""
         manifest = read_manifest(self._folder)
         graphs = set(precision_files(manifest, self._precision).values())
+        # The text head (FP32 in both precisions) serves refine_text: verified and in the identity.
+        graphs.add(HEAD_TEXT_FILE)
         data = {external_data_path(Path(g)).as_posix() for g in graphs}
         return (*COMMON_FILES, *sorted(graphs | (data & set(manifest["files"]))))
 
@@ -942,7 +949,10 @@ class ChatTTSOnnxEngine:
                 self._loaded = self._load_locked()
             loaded = self._loaded
             model = loaded.model
-            prompts = [code_prompt(model.cleaner(t), chosen.speed_level, True) for t in spoken]
+            cleaned = [model.cleaner(t) for t in spoken]
+            if chosen.refine_text:
+                cleaned = self._refine(loaded, cleaned, spoken, chosen)
+            prompts = [code_prompt(t, chosen.speed_level, True) for t in cleaned]
             _LOGGER.debug(
                 "ChatTTS ONNX: %s (max %d tokens, seed %d)",
                 short(" | ".join(spoken)),
@@ -967,11 +977,25 @@ class ChatTTSOnnxEngine:
                 chosen = replace(self._defaults, speed=options.speed)
             except ValueError as exc:
                 raise EngineError(f"ChatTTS cannot use these options: {exc}") from exc
-        if chosen.refine_text:
-            # The refine pass (text generation with the text head) is not ported; audio made
-            # without it must not be cached under a key that says refined.
-            raise EngineError("chattts-onnx does not support refine_text; use the torch engine")
         return chosen
+
+    def _refine(
+        self, loaded: _Loaded, cleaned: list[str], spoken: list[str], chosen: ChatTTSOptions
+    ) -> list[str]:
+        """ChatTTS's refine pass over the cleaned texts (call under the lock); the refined text
+        goes into the code prompt as it is, as in ChatTTS. The text head loads on first use."""
+        from tts_bridge.engines.chattts_refine import TextRefiner, engine_params
+
+        if loaded.refiner is None:
+            loaded.refiner = TextRefiner(
+                loaded.model,
+                self._folder,
+                threads=self._threads,
+                arena=self._arena,
+                spinning=self._spinning,
+            )
+        params, budgets = engine_params(chosen, spoken)
+        return loaded.refiner.refine(cleaned, params, chosen.seed, budgets)
 
     def _expected_hashes(self) -> dict[str, str]:
         if self._expected is not None:
