@@ -72,6 +72,11 @@ def test_flags_override_environment() -> None:
         ("default_voice: nobody\n", "default_voice"),
         ("voices:\n  x:\n    engine: espeak\n", "voices.x.engine"),
         ("mqtt:\n  base_topic: 'a/#'\n", "mqtt.base_topic"),
+        ("synthesis:\n  onnx_spinning: sometimes\n", "synthesis.onnx_spinning"),
+        ("synthesis:\n  onnx_inter_op_threads: 0\n", "synthesis.onnx_inter_op_threads"),
+        ("synthesis:\n  onnx_arena: maybe\n", "synthesis.onnx_arena"),
+        ("voices:\n  x:\n    engine: chattts\n    backend: gpu\n", "voices.x.backend"),
+        ("voices:\n  x:\n    engine: piper\n    backend: onnx\n", "voices.x"),
     ],
 )
 def test_invalid_config_names_the_key(tmp_path: Path, yaml_text: str, key: str) -> None:
@@ -82,9 +87,19 @@ def test_invalid_config_names_the_key(tmp_path: Path, yaml_text: str, key: str) 
     assert key in str(caught.value)
 
 
-def test_invalid_config_exits_2_with_one_clear_line(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("yaml_text", "key"),
+    [
+        ("mqtt:\n  port: 99999\n", "mqtt.port"),
+        ("synthesis:\n  onnx_spinning: fast\n", "synthesis.onnx_spinning"),
+        ("voices:\n  joe:\n    engine: hibari\n    backend: torch\n", "voices.joe"),
+    ],
+)
+def test_invalid_config_exits_2_with_one_clear_line(
+    tmp_path: Path, yaml_text: str, key: str
+) -> None:
     cfg = tmp_path / "bad.yaml"
-    cfg.write_text("mqtt:\n  port: 99999\n", encoding="utf-8")
+    cfg.write_text(yaml_text, encoding="utf-8")
     done = subprocess.run(
         [sys.executable, "-m", "tts_bridge", "run", "--config", str(cfg)],
         capture_output=True,
@@ -95,7 +110,7 @@ def test_invalid_config_exits_2_with_one_clear_line(tmp_path: Path) -> None:
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1, done.stderr
-    assert "mqtt.port" in lines[0]
+    assert key in lines[0]
 
 
 def test_unreadable_and_non_mapping_files(tmp_path: Path) -> None:
@@ -105,3 +120,42 @@ def test_unreadable_and_non_mapping_files(tmp_path: Path) -> None:
     cfg.write_text("- a\n- b\n", encoding="utf-8")
     with pytest.raises(ConfigError, match="mapping"):
         load_settings(cfg, environ={})
+
+
+def test_onnx_session_settings(tmp_path: Path) -> None:
+    defaults = Settings().synthesis
+    assert (defaults.onnx_inter_op_threads, defaults.onnx_arena, defaults.onnx_spinning) == (
+        None,
+        True,
+        "auto",
+    )
+    cfg = tmp_path / "c.yaml"
+    # A bare YAML off/on is a boolean to PyYAML; it still means the word.
+    cfg.write_text(
+        "synthesis:\n  onnx_spinning: off\n  onnx_arena: false\n  onnx_inter_op_threads: 2\n",
+        encoding="utf-8",
+    )
+    synthesis = load_settings(cfg, environ={}).synthesis
+    assert (synthesis.onnx_spinning, synthesis.onnx_arena, synthesis.onnx_inter_op_threads) == (
+        "off",
+        False,
+        2,
+    )
+    from_env = load_settings(None, environ={"TTS_BRIDGE_SYNTHESIS__ONNX_SPINNING": "on"})
+    assert from_env.synthesis.onnx_spinning == "on"
+
+
+def test_chattts_backend_setting(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(
+        "voices:\n  joe:\n    engine: piper\n"
+        "  zh:\n    engine: chattts\n    model: chattts\n    backend: torch\n"
+        "  zh2:\n    engine: chattts\n    model: chattts\n",
+        encoding="utf-8",
+    )
+    voices = load_settings(cfg, environ={}).voices
+    assert (voices["zh"].backend, voices["zh2"].backend, voices["joe"].backend) == (
+        "torch",
+        "auto",
+        "auto",
+    )

@@ -12,11 +12,15 @@ from pathlib import Path
 
 import pytest
 
+from tts_bridge.config import load_settings
 from tts_bridge.tuning import (
     Hardware,
+    OnnxSessionPlan,
     ThreadPlan,
     apply_process_limits,
+    choose_spinning,
     detect_hardware,
+    plan_for_settings,
     plan_threads,
 )
 
@@ -37,6 +41,7 @@ class Case:
     torch: int
     concurrency: int
     budget_mb: int
+    spinning: bool
 
 
 CASES = [
@@ -58,6 +63,7 @@ CASES = [
         torch=2,
         concurrency=1,
         budget_mb=2275,  # 60% of 3793 MB RAM
+        spinning=True,
     ),
     Case(
         tree="pi5",
@@ -77,6 +83,7 @@ CASES = [
         torch=2,
         concurrency=1,
         budget_mb=1843,  # 60% of the 3072 MB limit
+        spinning=True,
     ),
     Case(
         tree="pi3",
@@ -96,6 +103,7 @@ CASES = [
         torch=2,
         concurrency=1,
         budget_mb=468,  # 80% of the 585 MB available, below 60% of RAM (555)
+        spinning=True,
     ),
     Case(
         tree="container_x86",
@@ -116,6 +124,7 @@ CASES = [
         torch=1,
         concurrency=1,
         budget_mb=1126,  # 80% of 1408 MB headroom, below 60% of the 2048 MB limit (1228)
+        spinning=False,  # the 1.5-CPU quota is smaller than the 2 CPUs: shared,
     ),
     Case(
         tree="desktop16",
@@ -135,6 +144,7 @@ CASES = [
         torch=4,
         concurrency=4,
         budget_mb=38540,  # 60% of 64234 MB
+        spinning=True,  # 4 jobs x 4 threads fill 16 CPUs exactly,
     ),
 ]
 
@@ -164,11 +174,17 @@ def test_plans_for_hardware(case: Case) -> None:
     assert [reason.split(":", 1)[0] for reason in plan.reasons] == [
         f"onnx_intra_op_threads={case.intra}",
         "onnx_inter_op_threads=1",
+        f"onnx_spinning={'on' if case.spinning else 'off'}",
+        "onnx_arena=on",
         f"torch_threads={case.torch}",
         f"synthesis_concurrency={case.concurrency}",
         "idle_nice=10",
         f"memory_budget_mb={case.budget_mb}",
     ]
+    assert (plan.onnx_spinning, plan.onnx_arena) == (case.spinning, True)
+    assert plan.onnx_session() == OnnxSessionPlan(
+        intra_op_threads=case.intra, inter_op_threads=1, spinning=case.spinning, arena=True
+    )
 
 
 def test_hardware_properties() -> None:
@@ -214,13 +230,14 @@ def test_reasons_name_the_limits_that_applied() -> None:
 def test_plan_describe_lists_values_and_reasons() -> None:
     plan = plan_threads(CASES[0].hardware)
     lines = plan.describe()
-    assert lines[:3] == [
+    assert lines[:4] == [
         "synthesis: 1 job(s) at a time, onnxruntime 2 intra-op / 1 inter-op thread(s) per job, "
         "torch 2 thread(s)",
+        "onnxruntime sessions: sequential execution, spinning on, CPU memory arena on",
         "background work: niceness +10",
         "memory budget: 2275 MB",
     ]
-    assert lines[3:] == [f"- {reason}" for reason in plan.reasons]
+    assert lines[4:] == [f"- {reason}" for reason in plan.reasons]
 
 
 def test_hardware_describe() -> None:
@@ -583,3 +600,95 @@ def test_thread_plan_is_frozen() -> None:
     plan: ThreadPlan = plan_threads(PI4)
     with pytest.raises(FrozenInstanceError):
         plan.idle_nice = 0  # type: ignore[misc]
+
+
+# --- onnxruntime spinning -------------------------------------------------------------------
+
+
+def _machine(logical: int, usable: int, quota: float | None = None) -> Hardware:
+    return replace(DESKTOP, logical_cpus=logical, usable_cpus=usable, cpu_quota=quota)
+
+
+@pytest.mark.parametrize(
+    ("hw", "overrides", "spinning", "why"),
+    [
+        # The cores are the bridge's: one 2-thread job on 2 CPUs, no quota.
+        (_machine(2, 2), {}, True, "fit in 2 usable CPUs without a quota"),
+        # A container quota below the visible CPUs: shared cores, even though 1 x 1 fits.
+        (_machine(2, 1, 1.5), {}, False, "cgroup CPU quota (1.5 CPUs) is smaller than the 2"),
+        (_machine(8, 4, 4.0), {}, False, "cgroup CPU quota (4 CPUs) is smaller than the 8"),
+        # A quota as large as the machine takes nothing away.
+        (_machine(4, 4, 4.0), {}, True, "fit in 4 usable CPUs"),
+        # Configured jobs x threads beyond the CPUs: the jobs compete for cores.
+        (
+            _machine(4, 4),
+            {"synthesis_concurrency": 2, "onnx_intra_op_threads": 4},
+            False,
+            "2 job(s) x 4 thread(s) exceed 4 usable CPUs",
+        ),
+        # torch threads count too: they run in the same jobs.
+        (
+            _machine(4, 4),
+            {"synthesis_concurrency": 2, "onnx_intra_op_threads": 2, "torch_threads": 3},
+            False,
+            "2 job(s) x 3 thread(s) exceed 4 usable CPUs",
+        ),
+        # Exactly full is not shared.
+        (_machine(16, 16), {}, True, "4 job(s) x 4 thread(s) fit in 16 usable CPUs"),
+    ],
+    ids=["own-cores", "quota-1.5", "quota-4-of-8", "quota-whole", "jobs-exceed", "torch", "full"],
+)
+def test_auto_spinning_rule(
+    hw: Hardware, overrides: dict[str, int], spinning: bool, why: str
+) -> None:
+    plan = plan_threads(hw, overrides)
+    assert plan.onnx_spinning is spinning
+    reason = next(r for r in plan.reasons if r.startswith("onnx_spinning="))
+    assert reason.startswith(f"onnx_spinning={'on' if spinning else 'off'}: ")
+    assert why in reason
+    # The measurements behind the rule are in the reason the log shows.
+    assert ("+37 %" if spinning else "10 tokens/s") in reason
+
+
+def test_spinning_and_arena_set_by_configuration_win() -> None:
+    shared = _machine(2, 1, 1.5)
+    on = plan_threads(shared, spinning="on", arena=False)
+    assert (on.onnx_spinning, on.onnx_arena) == (True, False)
+    assert "onnx_spinning=on: set by configuration" in on.reasons
+    assert any(r.startswith("onnx_arena=off: set by configuration") for r in on.reasons)
+    assert "spinning on, CPU memory arena off" in on.describe()[1]
+    off = plan_threads(_machine(2, 2), spinning="off")
+    assert off.onnx_spinning is False
+    assert choose_spinning("off", _machine(2, 2), threads=1, concurrency=1) == (
+        False,
+        "set by configuration",
+    )
+    with pytest.raises(ValueError, match="auto, on or off"):
+        plan_threads(shared, spinning="sometimes")  # type: ignore[arg-type]
+
+
+def test_plan_for_settings_passes_the_onnx_settings() -> None:
+    settings = load_settings(
+        None,
+        {
+            "synthesis": {
+                "onnx_threads": 2,
+                "onnx_inter_op_threads": 2,
+                "onnx_arena": False,
+                "onnx_spinning": "auto",
+                "workers": 2,
+            }
+        },
+        environ={},
+    )
+    plan = plan_for_settings(settings, _machine(4, 4))
+    assert plan.onnx_session() == OnnxSessionPlan(
+        intra_op_threads=2, inter_op_threads=2, spinning=True, arena=False
+    )
+    assert plan.synthesis_concurrency == 2
+    assert "onnx_inter_op_threads=2: set by configuration" in plan.reasons
+    # A third job would make 6 busy threads on 4 CPUs: auto turns spinning off.
+    crowded = load_settings(None, {"synthesis": {"onnx_threads": 2, "workers": 3}}, environ={})
+    assert plan_for_settings(crowded, _machine(4, 4)).onnx_spinning is False
+    forced = load_settings(None, {"synthesis": {"onnx_spinning": "off"}}, environ={})
+    assert plan_for_settings(forced, _machine(4, 4)).onnx_spinning is False

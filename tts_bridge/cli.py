@@ -58,15 +58,9 @@ def _settings(args: argparse.Namespace) -> Settings:
 
 def _thread_plan(settings: Settings) -> ThreadPlan:
     """The hardware plan, with the settings' explicit values taking precedence."""
-    from tts_bridge.tuning import detect_hardware, plan_threads
+    from tts_bridge.tuning import plan_for_settings
 
-    return plan_threads(
-        detect_hardware(),
-        {
-            "onnx_intra_op_threads": settings.synthesis.onnx_threads,
-            "synthesis_concurrency": settings.synthesis.workers,
-        },
-    )
+    return plan_for_settings(settings)
 
 
 def _build_synthesizer(settings: Settings, plan: ThreadPlan) -> Synthesizer:
@@ -74,11 +68,7 @@ def _build_synthesizer(settings: Settings, plan: ThreadPlan) -> Synthesizer:
     from tts_bridge.engines.registry import EnginePool
     from tts_bridge.synthesis import Synthesizer
 
-    pool = EnginePool(
-        settings,
-        threads=plan.onnx_intra_op_threads,
-        memory_budget_mb=plan.memory_budget_mb,
-    )
+    pool = EnginePool(settings, plan=plan)
     return Synthesizer(settings, pool, SentenceCache(settings.cache))
 
 
@@ -161,10 +151,12 @@ def cmd_voices(args: argparse.Namespace, settings: Settings) -> int:
     for voice in pool:
         mark = "*" if voice.name == settings.default_voice else " "
         print(
-            f"{mark} {voice.name:<12} {voice.engine.name:<8} {voice.engine.tier:<8} "
-            f"{','.join(sorted(voice.engine.languages)):<6} {voice.engine.sample_rate:>6} Hz  "
-            f"{voice.engine.identity}"
+            f"{mark} {voice.name:<12} {voice.engine.name:<12} {voice.backend or '-':<5} "
+            f"{voice.engine.tier:<8} {','.join(sorted(voice.engine.languages)):<6} "
+            f"{voice.engine.sample_rate:>6} Hz  {voice.engine.identity}"
         )
+        if voice.backend_note:  # ChatTTS voices: why torch or the ONNX export
+            print(f"    backend {voice.backend}: {voice.backend_note}")
     return 0
 
 

@@ -155,8 +155,25 @@ class SynthesisSettings(_Section):
     """Synthesis jobs at a time; empty = the hardware plan (one at a time on <= 4 cores)."""
     onnx_threads: int | None = Field(None, ge=1, le=64)
     """onnxruntime intra-op threads per engine; empty = the hardware plan."""
+    onnx_inter_op_threads: int | None = Field(None, ge=1, le=64)
+    """onnxruntime inter-op threads; empty = the hardware plan (1). Only onnxruntime's parallel
+    execution mode uses them, and the bridge runs every session sequentially."""
+    onnx_arena: bool = True
+    """onnxruntime's CPU memory arena: faster allocation; off gives memory back after each run."""
+    onnx_spinning: Literal["auto", "on", "off"] = "auto"
+    """Idle onnxruntime threads busy-wait for the next operator: faster when the bridge has its
+    cores to itself, much slower when they are shared; auto = on unless the hardware plan
+    expects to share them (a cgroup CPU quota, or more busy threads than CPUs)."""
     sentence_pause_ms: int = Field(250, ge=0, le=5000)
     """Silence placed between sentences when a message is assembled."""
+
+    @field_validator("onnx_spinning", mode="before")
+    @classmethod
+    def _yaml_on_off(cls, value: object) -> object:
+        # YAML 1.1 (PyYAML) reads a bare on/off as true/false.
+        if isinstance(value, bool):
+            return "on" if value else "off"
+        return value
 
 
 class VoiceSettings(_Section):
@@ -174,6 +191,9 @@ class VoiceSettings(_Section):
     """SHA-256 of spk_emb: a one-character change would silently be another voice."""
     precision: Literal["int8", "fp32"] = "int8"
     """chattts-onnx only: which graphs of the export to run (after `models quantize`: int8)."""
+    backend: Literal["auto", "torch", "onnx"] = "auto"
+    """chattts only: auto = the FP32 graphs of an ONNX export of this checkpoint when one exists
+    (`models export`), else torch; onnx = require the export; torch = always torch."""
     tier: Literal["quality", "fast"] | None = None
     """The tier this voice reports; empty = its engine's (chattts-onnx: fast)."""
     options: dict[str, float | int | bool] = Field(default_factory=dict)
@@ -186,6 +206,14 @@ class VoiceSettings(_Section):
     fast_voice: str | None = None
     """Voice that answers for this one when this one would miss the latency budget (fast tier);
     its sentences are re-rendered with this voice at idle and served from the cache later."""
+
+    @model_validator(mode="after")
+    def _check_backend(self) -> VoiceSettings:
+        if self.backend != "auto" and self.engine != "chattts":
+            raise ValueError(
+                f"backend {self.backend!r} is only for engine chattts (torch or its ONNX export)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _check_spk_emb(self) -> VoiceSettings:

@@ -20,7 +20,7 @@ from tts_bridge import audio
 from tts_bridge.cache import CacheKey, SentenceCache
 from tts_bridge.config import Settings
 from tts_bridge.engines.base import EngineError, SynthesisOptions
-from tts_bridge.engines.registry import EnginePool, Voice
+from tts_bridge.engines.registry import BackendFallbackError, EnginePool, Voice
 from tts_bridge.routing import CostEstimator
 from tts_bridge.text.sentences import clean, has_cjk, is_speakable, split_sentences
 
@@ -198,6 +198,9 @@ class Synthesizer:
         try:
             self.engines.ensure_loaded(voice.engine)
             chunks = list(voice.engine.synthesize(spoken, voice.speaker, options))
+        except BackendFallbackError:
+            # The pool moved the voice to torch: another engine, so another cache key.
+            return self.sentence(self.engines.voice(voice.name), index, text, options, use_cache)
         except EngineError:
             raise
         except Exception as exc:  # an engine bug must fail one request, not the bridge

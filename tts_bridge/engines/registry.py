@@ -16,15 +16,19 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import psutil
 
 from tts_bridge.config import Settings, VoiceSettings
 from tts_bridge.engines.base import Engine, EngineError
 from tts_bridge.models import FileHasher
+from tts_bridge.tuning import OnnxSessionPlan
+
+if TYPE_CHECKING:
+    from tts_bridge.tuning import ThreadPlan
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -42,6 +46,17 @@ class MemoryBudgetError(EngineError):
     """A model does not fit the memory budget even with every other model unloaded."""
 
 
+class BackendFallbackError(EngineError):
+    """A ChatTTS voice's ONNX backend failed to load and the pool switched the voice to torch.
+
+    The voice's engine, and with it every cache key, changed: look the voice up again
+    (``pool.voice(name)``) and start over with the key. Raised only for ``backend: auto``.
+    """
+
+
+Backend = Literal["torch", "onnx"]
+
+
 @dataclass(frozen=True)
 class Voice:
     """A configured voice: the engine that speaks it and the engine's speaker name."""
@@ -50,6 +65,33 @@ class Voice:
     engine: Engine
     speaker: str | None
     settings: VoiceSettings
+    backend: Backend | None = None
+    """ChatTTS voices (``engine: chattts``): the backend serving it now; None for the others."""
+    backend_note: str = ""
+    """Why that backend: auto's choice, or the reason of a fallback to torch."""
+
+
+@dataclass(frozen=True)
+class OnnxExport:
+    """A ChatTTS ONNX export found in models.dir or the user manifest."""
+
+    folder: Path
+    name: str
+    """Its model name in the user manifest, else its folder name."""
+    recorded: bool
+    """Recorded in the user manifest (``models export`` does that)."""
+    source: Mapping[str, str]
+    """Relative path -> SHA-256 of the torch checkpoint files it was exported from."""
+
+
+@dataclass
+class _Fallback:
+    """The auto-selected ONNX engine of some ChatTTS voices and how to put them on torch."""
+
+    voices: dict[str, Callable[[str], Voice]] = field(default_factory=dict)
+    """Voice name -> builds that voice on torch (given the reason)."""
+    failed: str | None = None
+    """Why the ONNX engine failed to load, once it has."""
 
 
 def _files_mb(path: Path) -> float:
@@ -78,15 +120,72 @@ def manifest_hashes(path: Path, models_dir: Path) -> dict[str, str] | None:
     return {rel: hashes[rel]} if rel in hashes else None
 
 
+def find_chattts_exports(models_dir: Path) -> list[OnnxExport]:
+    """ChatTTS ONNX exports with FP32 graphs: the folders of the user manifest's models and the
+    folders directly under ``models_dir`` whose manifest.json is a chattts-onnx one. Recorded
+    exports come first, then by name."""
+    from tts_bridge.engines.chattts_onnx import MANIFEST_FILE, precision_files, read_manifest
+    from tts_bridge.models import ManifestError, user_manifests
+
+    candidates: dict[Path, tuple[str, bool]] = {}
+    try:
+        for name, manifest in sorted(user_manifests(models_dir).items()):
+            try:
+                candidates.setdefault(manifest.folder(models_dir).resolve(), (name, True))
+            except ManifestError:
+                continue
+    except ManifestError as exc:
+        _LOGGER.warning("Looking for ChatTTS ONNX exports: %s", exc)
+    if models_dir.is_dir():
+        for child in sorted(models_dir.iterdir()):
+            if child.is_dir() and (child / MANIFEST_FILE).is_file():
+                candidates.setdefault(child.resolve(), (child.name, False))
+    exports = []
+    for folder, (name, recorded) in candidates.items():
+        if not (folder / MANIFEST_FILE).is_file():
+            continue
+        try:
+            data = read_manifest(folder)
+            precision_files(data, "fp32")
+        except EngineError as exc:
+            _LOGGER.debug("Not a usable ChatTTS ONNX export: %s", exc)
+            continue
+        source = (data.get("source") or {}).get("sha256")
+        if not isinstance(source, dict):
+            continue
+        hashes = {str(rel): str(digest).lower() for rel, digest in source.items()}
+        exports.append(OnnxExport(folder, name, recorded, hashes))
+    exports.sort(key=lambda e: (not e.recorded, e.name))
+    return exports
+
+
+def export_matches(source: Mapping[str, str], expected: Mapping[str, str]) -> bool:
+    """True when an export's ``source.sha256`` is exactly the checkpoint the pool trusts: every
+    file ChatTTS loads (and the speaker statistics, where either side has them) with equal
+    hashes."""
+    from tts_bridge.engines.chattts_torch import CHECKPOINT_FILES, SPK_STAT_FILE
+
+    keys = {*CHECKPOINT_FILES, *source}
+    if SPK_STAT_FILE in expected:
+        keys.add(SPK_STAT_FILE)
+    return all(
+        rel in source and rel in expected and source[rel].lower() == expected[rel].lower()
+        for rel in keys
+    )
+
+
 def _build_engine(
     kind: str,
     model: Path | None,
     hasher: FileHasher,
-    threads: int,
+    session: OnnxSessionPlan,
     expected: Callable[[Path], Mapping[str, str] | None],
     *,
     precision: Literal["int8", "fp32"] = "int8",
 ) -> tuple[Engine, Path]:
+    # Piper and hibari build their sessions themselves from a thread count (intra-op); only
+    # the ChatTTS ONNX engine takes spinning and the arena. Every session is sequential.
+    threads = session.intra_op_threads
     if kind == "piper":
         from tts_bridge.engines import piper
 
@@ -116,6 +215,8 @@ def _build_engine(
             precision=precision,
             expected_sha256=expected(model),
             threads=threads,
+            arena=session.arena,
+            spinning=session.spinning,
             hasher=hasher.sha256,
         )
         return onnx_engine, model
@@ -123,13 +224,20 @@ def _build_engine(
 
 
 class EnginePool:
-    """Owns every engine instance; nothing here loads a model until synthesis asks for it."""
+    """Owns every engine instance; nothing here loads a model until synthesis asks for it.
+
+    ``plan`` is the hardware plan (threads, memory budget, onnxruntime session options);
+    ``threads`` and ``memory_budget_mb`` override it. Without a plan the settings decide, with
+    the hardware consulted for ``onnx_spinning: auto``.
+    """
 
     def __init__(
         self,
         settings: Settings,
         threads: int | None = None,
         memory_budget_mb: int | None = None,
+        *,
+        plan: ThreadPlan | None = None,
     ) -> None:
         self._settings = settings
         self._hasher = FileHasher()
@@ -140,52 +248,137 @@ class EnginePool:
         self._files_mb: dict[str, float] = {}
         self._resident_mb: dict[str, float] = {}
         self._last_used: dict[str, float] = {}
-        self.memory_budget_mb = settings.models.memory_budget_mb or memory_budget_mb
-        threads = threads or settings.synthesis.onnx_threads or len(os.sched_getaffinity(0))
-        models_dir = settings.models.dir
-
-        known: dict[Path, Mapping[str, str] | None] = {}
-
-        def expected(path: Path) -> Mapping[str, str] | None:
-            # Looked up once per model path: each lookup reads every manifest file.
-            if path not in known:
-                known[path] = manifest_hashes(path, models_dir)
-            return known[path]
-
+        self.memory_budget_mb = (
+            settings.models.memory_budget_mb
+            or memory_budget_mb
+            or (plan.memory_budget_mb if plan is not None else None)
+        )
+        self.session = _session_plan(settings, threads, plan)
+        """The onnxruntime session options every ONNX engine of this pool gets."""
+        if self.session.inter_op_threads != 1:
+            _LOGGER.warning(
+                "onnxruntime inter-op threads = %d have no effect: every session runs in "
+                "sequential execution mode, which uses none",
+                self.session.inter_op_threads,
+            )
+        self._models_dir = settings.models.dir
+        self._known: dict[Path, Mapping[str, str] | None] = {}
+        self._exports: list[OnnxExport] | None = None
+        self._fallbacks: dict[int, _Fallback] = {}
         self._unverified: dict[str, str] = {}
         for name, voice in settings.voices.items():
             model = voice.model
             if model is not None and not model.is_absolute():
                 model = settings.models.dir / model
-            key = (voice.engine, f"{model or ''}:{voice.precision}")
-            engine = self._engines.get(key)
-            if engine is None:
-                if model is not None and not model.exists():
-                    raise EngineError(f"voices.{name}.model: {model} does not exist")
-                engine, path = _build_engine(
-                    voice.engine, model, self._hasher, threads, expected, precision=voice.precision
+            if model is not None and not model.exists():
+                raise EngineError(f"voices.{name}.model: {model} does not exist")
+            if voice.engine == "chattts":
+                self._voices[name] = self._chattts_voice(name, voice, model)
+                chosen = self._voices[name]
+                _LOGGER.info(
+                    "Voice %s: ChatTTS on %s (%s)", name, chosen.backend, chosen.backend_note
                 )
-                if voice.tier is not None:
-                    engine.tier = voice.tier
-                self._engines[key] = engine
-                self._files_mb[engine.identity] = _files_mb(path)
-                if not voice.engine.startswith("chattts"):  # ChatTTS checks its own files
-                    problem = self._check_manifest(path, expected(path))
-                    if problem:
-                        self._unverified[engine.identity] = problem
-                elif expected(path) is None and (path / "asset" / "spk_stat.json").exists():
-                    # Not the official release (it has no spk_stat.json) and never added: say
-                    # so, rather than let it fail against the official hashes.
-                    self._unverified[engine.identity] = (
-                        f"ChatTTS checkpoint {path} is not in the model manifest; trust it with "
-                        f"'tts-bridge models add NAME {path}'"
-                    )
-            speaker = voice.spk_emb if voice.engine.startswith("chattts") else voice.speaker
-            self._voices[name] = Voice(name, engine, speaker, voice)
+            else:
+                engine = self._engine(voice.engine, model, voice.precision, voice.tier)
+                speaker = voice.spk_emb if voice.engine == "chattts-onnx" else voice.speaker
+                self._voices[name] = Voice(name, engine, speaker, voice)
         _LOGGER.debug("Voices: %s", ", ".join(f"{v.name}={v.engine.identity}" for v in self))
+        _LOGGER.debug("ONNX sessions: %s", self.session.describe())
+
+    def _expected(self, path: Path) -> Mapping[str, str] | None:
+        # Looked up once per model path: each lookup reads every manifest file.
+        if path not in self._known:
+            self._known[path] = manifest_hashes(path, self._models_dir)
+        return self._known[path]
+
+    def _engine(
+        self,
+        kind: str,
+        model: Path | None,
+        precision: Literal["int8", "fp32"],
+        tier: Literal["quality", "fast"] | None,
+        *,
+        variant: str = "",
+    ) -> Engine:
+        """The shared engine for this model (built on first use; nothing is loaded)."""
+        key = (kind, f"{model or ''}:{precision}{variant}")
+        with self._lock:
+            engine = self._engines.get(key)
+            if engine is not None:
+                return engine
+            engine, path = _build_engine(
+                kind, model, self._hasher, self.session, self._expected, precision=precision
+            )
+            if tier is not None:
+                engine.tier = tier
+            self._engines[key] = engine
+            self._files_mb[engine.identity] = _files_mb(path)
+            if not kind.startswith("chattts"):  # ChatTTS checks its own files
+                problem = self._check_manifest(path, self._expected(path))
+                if problem:
+                    self._unverified[engine.identity] = problem
+            elif kind == "chattts" and (
+                self._expected(path) is None and (path / "asset" / "spk_stat.json").exists()
+            ):
+                # Not the official release (it has no spk_stat.json) and never added: say
+                # so, rather than let it fail against the official hashes.
+                self._unverified[engine.identity] = (
+                    f"ChatTTS checkpoint {path} is not in the model manifest; trust it with "
+                    f"'tts-bridge models add NAME {path}'"
+                )
+            return engine
+
+    def _chattts_voice(self, name: str, voice: VoiceSettings, model: Path | None) -> Voice:
+        """A ChatTTS voice on the backend its settings ask for (see VoiceSettings.backend)."""
+
+        def on_torch(note: str) -> Voice:
+            engine = self._engine("chattts", model, voice.precision, voice.tier)
+            return Voice(name, engine, voice.spk_emb, voice, "torch", note)
+
+        if voice.backend == "torch" or model is None:
+            # No model: _build_engine refuses it with the reason.
+            return on_torch("set by the voice (backend: torch)")
+        export, why = self._find_export(model)
+        if export is None:
+            if voice.backend == "onnx":
+                raise EngineError(
+                    f"voices.{name}.backend: onnx needs an ONNX export of {model}, and {why}; "
+                    f"run: tts-bridge models export chattts --from {model} "
+                    f"--to {self._models_dir / (model.name + '-onnx')}"
+                )
+            return on_torch(f"auto: {why}")
+        engine = self._engine(
+            "chattts-onnx", export.folder, "fp32", voice.tier or "quality", variant=":backend"
+        )
+        note = f"{voice.backend}: FP32 graphs of the ONNX export {export.name} ({export.folder})"
+        if voice.backend == "auto":
+            fallback = self._fallbacks.setdefault(id(engine), _Fallback())
+            fallback.voices[name] = on_torch
+        return Voice(name, engine, voice.spk_emb, voice, "onnx", note)
+
+    def _find_export(self, model: Path) -> tuple[OnnxExport | None, str]:
+        """The ONNX export of the checkpoint in ``model``, or None and why there is none."""
+        expected = self._expected(model)
+        if expected is None:
+            from tts_bridge.engines.chattts_torch import official_sha256
+
+            try:
+                expected = official_sha256()  # what ChatTTSEngine checks without a manifest
+            except EngineError:
+                return None, (
+                    f"the checkpoint {model} is not in the model manifest, so no export can be "
+                    f"matched to it (trust it with 'tts-bridge models add NAME {model}')"
+                )
+        if self._exports is None:
+            self._exports = find_chattts_exports(self._models_dir)
+        for export in self._exports:
+            if export.folder != model.resolve() and export_matches(export.source, expected):
+                return export, ""
+        others = f"; {len(self._exports)} of other checkpoints" if self._exports else ""
+        return None, f"no ONNX export of this checkpoint in {self._models_dir}{others}"
 
     def __iter__(self) -> Iterator[Voice]:
-        return iter(self._voices.values())
+        return iter(list(self._voices.values()))
 
     @property
     def default_voice(self) -> str:
@@ -253,6 +446,10 @@ class EnginePool:
         with self._lock:
             if engine.loaded:
                 return
+            fallback = self._fallbacks.get(id(engine))
+            if fallback is not None and fallback.failed is not None:
+                # A request validated before the switch still holds the old voice.
+                raise BackendFallbackError(fallback.failed)
             budget = self.memory_budget_mb
             need = self._need_mb(engine)
             if budget is not None:
@@ -273,7 +470,12 @@ class EnginePool:
                     self._unload(victim)
             before = psutil.Process().memory_info().rss
             started = time.perf_counter()
-            engine.load()
+            try:
+                engine.load()
+            except Exception as exc:
+                if fallback is None:
+                    raise
+                self._fall_back(engine, fallback, exc)
             grown = max(0.0, (psutil.Process().memory_info().rss - before) / 2**20)
             if grown > 1:
                 self._resident_mb[engine.identity] = grown
@@ -283,6 +485,23 @@ class EnginePool:
                 time.perf_counter() - started,
                 grown,
             )
+
+    def _fall_back(self, engine: Engine, fallback: _Fallback, exc: Exception) -> None:
+        """Put the voices of a failed auto-selected ONNX engine on torch; always raises."""
+        reason = str(exc) if isinstance(exc, EngineError) else f"{type(exc).__name__}: {exc}"
+        names = ", ".join(sorted(fallback.voices))
+        fallback.failed = (
+            f"{engine.identity} failed to load, voice(s) {names} now use torch: {reason}"
+        )
+        for name, on_torch in fallback.voices.items():
+            self._voices[name] = on_torch(f"auto: torch, the ONNX export failed to load: {reason}")
+        _LOGGER.error(
+            "ChatTTS ONNX backend %s failed to load (%s); voice(s) %s fall back to torch",
+            engine.identity,
+            reason,
+            names,
+        )
+        raise BackendFallbackError(fallback.failed) from exc
 
     def _unload(self, engine: Engine) -> None:
         engine.unload()
@@ -305,3 +524,28 @@ class EnginePool:
         with self._lock:
             for engine in self._loaded():
                 self._unload(engine)
+
+
+def _session_plan(
+    settings: Settings, threads: int | None, plan: ThreadPlan | None
+) -> OnnxSessionPlan:
+    """The onnxruntime session options: the plan's, else from the settings (and hardware)."""
+    if plan is not None:
+        session = plan.onnx_session()
+        return replace(session, intra_op_threads=threads) if threads else session
+    synthesis = settings.synthesis
+    intra = threads or synthesis.onnx_threads or len(os.sched_getaffinity(0))
+    if synthesis.onnx_spinning == "auto":
+        from tts_bridge.tuning import choose_spinning, detect_hardware
+
+        spinning, _ = choose_spinning(
+            "auto", detect_hardware(), threads=intra, concurrency=synthesis.workers or 1
+        )
+    else:
+        spinning = synthesis.onnx_spinning == "on"
+    return OnnxSessionPlan(
+        intra_op_threads=intra,
+        inter_op_threads=synthesis.onnx_inter_op_threads or 1,
+        spinning=spinning,
+        arena=synthesis.onnx_arena,
+    )

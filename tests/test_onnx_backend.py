@@ -1,0 +1,306 @@
+"""ChatTTS voices served by their ONNX export (FP32) when one exists, torch otherwise.
+
+Real models only: the tiny random checkpoint (tests/chattts_tiny.py) is trusted with the model
+manifest and exported with the real exporter, as `models add` and `models export` do; the pool
+then chooses the backend, onnxruntime and ChatTTS (torch) really load, and the bridge answers
+over a real mosquitto. The audio is noise; which engine made it, and under which cache key, is
+what these tests check.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["TRANSFORMERS_OFFLINE"] = "1"
+
+import pytest
+import yaml
+from chattts_tiny import make_tiny_checkpoint
+from conftest import BridgeFactory, ProbeFactory
+
+from tts_bridge import models
+from tts_bridge.cache import SentenceCache
+from tts_bridge.cli import main
+from tts_bridge.config import Settings, load_settings
+from tts_bridge.engines.base import EngineError
+from tts_bridge.engines.chattts_onnx import MANIFEST_FILE, ChatTTSOnnxEngine
+from tts_bridge.engines.registry import EnginePool, find_chattts_exports, manifest_hashes
+from tts_bridge.synthesis import Synthesizer
+from tts_bridge.tuning import Hardware, plan_threads
+
+BASE = "tts_bridge"
+TEXT = "你好。"
+WAIT_S = 120.0
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("ChatTTS") is None
+    or importlib.util.find_spec("onnx") is None
+    or importlib.util.find_spec("onnxruntime") is None,
+    reason="needs the 'chattts' extra plus onnx (the exporter) and onnxruntime",
+)
+
+
+@pytest.fixture(scope="module")
+def library(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A models folder as a user has it after `models add chattts` and `models export
+    chattts --to models/chattts-onnx` (treat as read-only; copy it to change it)."""
+    from tts_bridge.export.chattts_onnx import export_chattts
+
+    folder = tmp_path_factory.mktemp("onnx-backend") / "models"
+    checkpoint = make_tiny_checkpoint(folder / "chattts", seed=0)
+    models.add_model("chattts", checkpoint, folder)
+    # What `tts-bridge models export` does: verify the source against the manifest, export,
+    # record the export.
+    export_chattts(
+        checkpoint, folder / "chattts-onnx", expected_sha256=manifest_hashes(checkpoint, folder)
+    )
+    models.add_model("chattts-onnx", folder / "chattts-onnx", folder)
+    return folder
+
+
+@pytest.fixture
+def copied(library: Path, tmp_path: Path) -> Path:
+    """A private copy of the models folder (the user manifest's roots are relative)."""
+    return Path(shutil.copytree(library, tmp_path / "models"))
+
+
+def settings_for(models_dir: Path, tmp_path: Path, **voice: Any) -> Settings:
+    return load_settings(
+        None,
+        {
+            "models": {"dir": str(models_dir)},
+            "cache": {"dir": str(tmp_path / "cache")},
+            "synthesis": {"onnx_threads": 1},
+            "voices": {"xiaoyu": {"engine": "chattts", "model": "chattts", **voice}},
+            "default_voice": "xiaoyu",
+            "voices_file": str(tmp_path / "voices.yaml"),
+        },
+        environ={},
+    )
+
+
+# -- choosing the backend -------------------------------------------------------------------------
+
+
+def test_export_of_the_checkpoint_is_found(library: Path) -> None:
+    (export,) = find_chattts_exports(library)
+    assert (export.name, export.recorded, export.folder) == (
+        "chattts-onnx",
+        True,
+        (library / "chattts-onnx").resolve(),
+    )
+    assert export.source == manifest_hashes(library / "chattts", library)
+
+
+def test_pool_serves_a_chattts_voice_with_the_fp32_export(library: Path, tmp_path: Path) -> None:
+    settings = settings_for(library, tmp_path)
+    pool = EnginePool(settings)
+    voice = pool.voice("xiaoyu")
+    assert isinstance(voice.engine, ChatTTSOnnxEngine)
+    assert (voice.backend, voice.engine.name, voice.engine.tier) == (
+        "onnx",
+        "chattts-onnx",
+        "quality",
+    )
+    assert voice.engine.precision == "fp32"
+    assert "chattts-onnx" in voice.backend_note and voice.backend_note.startswith("auto:")
+    # Only the engine in use is listed: torch stays a fallback until it is needed.
+    assert [e.name for e in pool.engines()] == ["chattts-onnx"]
+    synth = Synthesizer(settings, pool, SentenceCache(settings.cache))
+    try:
+        rendering = synth.render(TEXT, "xiaoyu")
+        assert (rendering.engine, rendering.tier, rendering.cached) == (
+            "chattts-onnx",
+            "quality",
+            False,
+        )
+        assert synth.is_cached(voice, TEXT)
+        assert pool.loaded() == [voice.engine.identity]
+    finally:
+        synth.cache.close()
+        pool.unload_all()
+
+
+def test_explicit_onnx_backend_uses_the_export(library: Path, tmp_path: Path) -> None:
+    voice = EnginePool(settings_for(library, tmp_path, backend="onnx")).voice("xiaoyu")
+    assert (voice.backend, voice.engine.name) == ("onnx", "chattts-onnx")
+    assert voice.backend_note.startswith("onnx:")
+
+
+def test_backend_torch_is_torch(library: Path, tmp_path: Path) -> None:
+    voice = EnginePool(settings_for(library, tmp_path, backend="torch")).voice("xiaoyu")
+    assert (voice.backend, voice.engine.name) == ("torch", "chattts")
+
+
+def test_without_an_export_auto_is_torch_and_onnx_is_refused(copied: Path, tmp_path: Path) -> None:
+    # An export of another checkpoint: its source hashes are not this checkpoint's.
+    other = copied / "chattts-onnx"
+    manifest = json.loads((other / MANIFEST_FILE).read_text(encoding="utf-8"))
+    manifest["source"]["sha256"]["asset/gpt/model.safetensors"] = "0" * 64
+    (other / MANIFEST_FILE).write_text(json.dumps(manifest), encoding="utf-8")
+
+    voice = EnginePool(settings_for(copied, tmp_path)).voice("xiaoyu")
+    assert (voice.backend, voice.engine.name) == ("torch", "chattts")
+    assert "no ONNX export of this checkpoint" in voice.backend_note
+
+    with pytest.raises(EngineError) as caught:
+        EnginePool(settings_for(copied, tmp_path, backend="onnx"))
+    message = str(caught.value)
+    assert message.startswith("voices.xiaoyu.backend: onnx needs an ONNX export of")
+    assert f"run: tts-bridge models export chattts --from {copied / 'chattts'}" in message
+
+    shutil.rmtree(other)
+    voice = EnginePool(settings_for(copied, tmp_path)).voice("xiaoyu")
+    assert (voice.backend, voice.engine.name) == ("torch", "chattts")
+
+
+def test_pool_passes_the_session_plan_to_the_onnx_engine(library: Path, tmp_path: Path) -> None:
+    settings = settings_for(library, tmp_path)
+    plan = plan_threads(
+        # A container: 1.5 CPUs of 2, so automatic spinning is off.
+        Hardware(
+            architecture="x86_64",
+            logical_cpus=2,
+            usable_cpus=1,
+            cpu_quota=1.5,
+            memory_total_bytes=None,
+            memory_limit_bytes=None,
+            memory_available_bytes=None,
+            board_model=None,
+            cpu_model=None,
+        ),
+        arena=False,
+    )
+    pool = EnginePool(settings, plan=plan)
+    assert (pool.session.intra_op_threads, pool.session.spinning, pool.session.arena) == (
+        1,
+        False,
+        False,
+    )
+    engine = pool.voice("xiaoyu").engine
+    # White-box: the engine keeps what it will give onnxruntime's SessionOptions.
+    assert (engine._threads, engine._spinning, engine._arena) == (1, False, False)  # type: ignore[attr-defined]
+
+
+# -- falling back to torch ---------------------------------------------------------------------
+
+
+def test_tampered_graph_falls_back_to_torch_under_torch_cache_keys(
+    copied: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    graph = copied / "chattts-onnx" / "gpt.onnx"
+    blob = bytearray(graph.read_bytes())
+    blob[-1] ^= 0xFF
+    graph.write_bytes(bytes(blob))
+
+    settings = settings_for(copied, tmp_path)
+    pool = EnginePool(settings)
+    onnx_voice = pool.voice("xiaoyu")
+    assert onnx_voice.backend == "onnx"  # chosen by the manifests; the graphs load later
+    synth = Synthesizer(settings, pool, SentenceCache(settings.cache))
+    try:
+        options = synth.options_for(onnx_voice)
+        with caplog.at_level(logging.ERROR, logger="tts_bridge.engines.registry"):
+            piece = synth.sentence(onnx_voice, 0, TEXT, options, True)
+        assert piece.pcm.size > 0 and not piece.cached
+        assert "gpt.onnx" in caplog.text and "fall back to torch" in caplog.text
+
+        torch_voice = pool.voice("xiaoyu")
+        assert (torch_voice.backend, torch_voice.engine.name) == ("torch", "chattts")
+        assert "failed to load" in torch_voice.backend_note
+        assert "gpt.onnx: sha256 mismatch" in torch_voice.backend_note
+        # Torch's audio is cached under torch's identity, never under the ONNX engine's.
+        assert synth.is_cached(torch_voice, TEXT, options)
+        assert not synth.is_cached(onnx_voice, TEXT, options)
+        assert pool.loaded() == [torch_voice.engine.identity]
+        assert synth.stats.rtf().keys() == {torch_voice.engine.identity}
+
+        # A request validated before the switch still holds the ONNX voice: it is served by
+        # torch too (from the cache here) and the failed graph is not loaded again.
+        again = synth.sentence(onnx_voice, 0, TEXT, options, True)
+        assert again.cached
+        other = synth.sentence(onnx_voice, 0, "再见。", options, True)
+        assert not other.cached and synth.is_cached(torch_voice, "再见。", options)
+        assert not synth.is_cached(onnx_voice, "再见。", options)
+        assert caplog.text.count("fall back to torch") == 1
+    finally:
+        synth.cache.close()
+        pool.unload_all()
+
+
+def test_explicit_onnx_backend_does_not_fall_back(copied: Path, tmp_path: Path) -> None:
+    graph = copied / "chattts-onnx" / "gpt.onnx"
+    with graph.open("ab") as handle:
+        handle.write(b"\0")
+    settings = settings_for(copied, tmp_path, backend="onnx")
+    pool = EnginePool(settings)
+    synth = Synthesizer(settings, pool, SentenceCache(settings.cache))
+    try:
+        with pytest.raises(EngineError, match=r"gpt\.onnx"):
+            synth.render(TEXT, "xiaoyu")
+        assert pool.voice("xiaoyu").backend == "onnx"
+    finally:
+        synth.cache.close()
+
+
+# -- what users see -------------------------------------------------------------------------------
+
+
+def test_voices_command_shows_the_backend(
+    library: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "config.yaml"
+    data = settings_for(library, tmp_path).model_dump(mode="json", exclude_defaults=True)
+    data["voices"]["plain"] = {"engine": "chattts", "model": "chattts", "backend": "torch"}
+    config.write_text(yaml.safe_dump(data), encoding="utf-8")
+    assert main(["voices", "--config", str(config)]) == 0
+    out = capsys.readouterr().out
+    rows = {
+        line.lstrip("* ").split()[0]: line.lstrip("* ").split()
+        for line in out.splitlines()
+        if not line.startswith("    ")
+    }
+    assert rows["xiaoyu"][1:4] == ["chattts-onnx", "onnx", "quality"]
+    assert rows["plain"][1:4] == ["chattts", "torch", "quality"]
+    assert "    backend onnx: auto: FP32 graphs of the ONNX export chattts-onnx" in out
+    assert "    backend torch: set by the voice (backend: torch)" in out
+
+
+def test_chattts_voice_with_an_export_answers_as_onnx_over_mqtt(
+    copied: Path, bridge_factory: BridgeFactory, probe_factory: ProbeFactory
+) -> None:
+    bridge = bridge_factory(
+        models={"dir": str(copied)},
+        synthesis={"onnx_threads": 1, "onnx_spinning": "off"},
+        voices={"xiaoyu": {"engine": "chattts", "model": "chattts"}},
+        default_voice="xiaoyu",
+        scheduler={"idle_enabled": False},
+    )
+    probe = probe_factory(f"{BASE}/#")
+    probe.diagnostics = bridge.log_tail
+    info = probe.wait_for(lambda m: m.topic == f"{BASE}/bridge/info", WAIT_S).json()
+    assert info["voices"]["xiaoyu"]["engine"] == "chattts-onnx"
+    assert info["voices"]["xiaoyu"]["tier"] == "quality"
+    since = probe.mark()
+    probe.publish(f"{BASE}/say/living", json.dumps({"text": TEXT, "id": "zh-onnx"}))
+    answer = probe.wait_for(
+        lambda m: m.topic == f"{BASE}/bridge/response/say" and m.json()["id"] == "zh-onnx",
+        WAIT_S,
+        since=since,
+    ).json()
+    assert answer["status"] == "ok", answer
+    assert (answer["data"]["engine"], answer["data"]["tier"], answer["data"]["voice"]) == (
+        "chattts-onnx",
+        "quality",
+        "xiaoyu",
+    )
+    log = bridge.log_path.read_text(encoding="utf-8", errors="replace")
+    assert "Voice xiaoyu: ChatTTS on onnx (auto: FP32 graphs" in log
+    assert "onnxruntime sessions: sequential execution, spinning off" in log
