@@ -4,7 +4,7 @@ What is written to ``dest`` (the layout ``tts_bridge.engines.chattts_onnx`` load
 
     gpt.onnx              one GPT step: embeddings + KV cache in, code logits + hidden + cache out
                           (each graph's weights sit beside it in "<graph>.onnx.data")
-    head_text.onnx        the text head (hidden -> text logits), for the refine pass (engines/chattts_refine.py)
+    head_text.onnx        the text head (hidden -> text logits), for the refine pass
     decoder.onnx          ChatTTS's hidden-state decoder: GPT hidden states -> 100-band mel
     vocos.onnx            Vocos backbone and head up to magnitude and phase
     emb_text.npy          text token embedding (num_text_tokens, hidden)
