@@ -304,3 +304,89 @@ def test_chattts_voice_with_an_export_answers_as_onnx_over_mqtt(
     log = bridge.log_path.read_text(encoding="utf-8", errors="replace")
     assert "Voice xiaoyu: ChatTTS on onnx (auto: FP32 graphs" in log
     assert "onnxruntime sessions: sequential execution, spinning off" in log
+
+
+# -- the INT8 fast tier of the same speaker ---------------------------------------------------
+
+
+@pytest.fixture
+def quantized(copied: Path) -> Path:
+    """The copied models folder after `tts-bridge models quantize chattts-onnx`."""
+    from tts_bridge.export.quantize import quantize_onnx
+
+    quantize_onnx(copied / "chattts-onnx")
+    models.add_model("chattts-onnx", copied / "chattts-onnx", copied)
+    return copied
+
+
+def test_int8_variant_becomes_the_voices_fast_tier(quantized: Path, tmp_path: Path) -> None:
+    pool = EnginePool(settings_for(quantized, tmp_path))
+    quality, fast = pool.voice("xiaoyu"), pool.voice("xiaoyu_int8")
+    assert quality.settings.fast_voice == "xiaoyu_int8"
+    assert isinstance(fast.engine, ChatTTSOnnxEngine)
+    assert (fast.engine.precision, fast.engine.tier, quality.engine.precision) == (
+        "int8",
+        "fast",
+        "fp32",
+    )
+    # The same speaker: same embedding, same export.
+    assert fast.speaker == quality.speaker
+    assert fast.engine.identity != quality.engine.identity
+    assert "fast tier xiaoyu_int8" in quality.backend_note
+
+
+def test_configured_fast_voice_or_torch_gets_no_int8_tier(quantized: Path, tmp_path: Path) -> None:
+    configured = load_settings(
+        None,
+        {
+            "models": {"dir": str(quantized)},
+            "cache": {"dir": str(tmp_path / "cache")},
+            "voices": {
+                "xiaoyu": {"engine": "chattts", "model": "chattts", "fast_voice": "heart"},
+                "heart": {"engine": "hibari"},
+            },
+            "default_voice": "xiaoyu",
+            "voices_file": str(tmp_path / "voices.yaml"),
+        },
+        environ={},
+    )
+    pool = EnginePool(configured)
+    assert pool.voice("xiaoyu").settings.fast_voice == "heart"
+    assert "xiaoyu_int8" not in {v.name for v in pool}
+    on_torch = EnginePool(settings_for(quantized, tmp_path, backend="torch"))
+    assert {v.name for v in on_torch} == {"xiaoyu"}
+
+
+def test_busy_chattts_voice_answers_with_its_int8_tier_over_mqtt(
+    quantized: Path, bridge_factory: BridgeFactory, probe_factory: ProbeFactory
+) -> None:
+    bridge = bridge_factory(
+        models={"dir": str(quantized)},
+        synthesis={"onnx_threads": 1, "onnx_spinning": "off"},
+        voices={"xiaoyu": {"engine": "chattts", "model": "chattts"}},
+        default_voice="xiaoyu",
+        scheduler={"idle_enabled": False},
+    )
+    probe = probe_factory(f"{BASE}/#")
+    probe.diagnostics = bridge.log_tail
+    info = probe.wait_for(lambda m: m.topic == f"{BASE}/bridge/info", WAIT_S).json()
+    assert info["voices"]["xiaoyu"]["fast_voice"] == "xiaoyu_int8"
+    since = probe.mark()
+    # A budget nothing can meet: the fast tier answers, in the same speaker.
+    probe.publish(
+        f"{BASE}/say/living",
+        json.dumps({"text": TEXT, "id": "zh-int8", "latency_budget_ms": 1}),
+    )
+    answer = probe.wait_for(
+        lambda m: m.topic == f"{BASE}/bridge/response/say" and m.json()["id"] == "zh-int8",
+        WAIT_S,
+        since=since,
+    ).json()
+    assert answer["status"] == "ok", answer
+    data = answer["data"]
+    assert (data["engine"], data["tier"], data["voice"], data["requested_voice"]) == (
+        "chattts-onnx",
+        "fast",
+        "xiaoyu_int8",
+        "xiaoyu",
+    )

@@ -354,7 +354,42 @@ class EnginePool:
         if voice.backend == "auto":
             fallback = self._fallbacks.setdefault(id(engine), _Fallback())
             fallback.voices[name] = on_torch
+        fast = self._int8_fast_voice(name, voice, export)
+        if fast is not None:
+            self._voices[fast.name] = fast
+            voice = voice.model_copy(update={"fast_voice": fast.name})
+            note += f"; fast tier {fast.name} (INT8 graphs, same speaker)"
         return Voice(name, engine, voice.spk_emb, voice, "onnx", note)
+
+    def _int8_fast_voice(self, name: str, voice: VoiceSettings, export: OnnxExport) -> Voice | None:
+        """The same speaker on the export's INT8 graphs, as the fast tier of a ChatTTS voice
+        that has none configured: under load the voice keeps its timbre instead of switching to
+        another engine's speaker, and its sentences are re-rendered in FP32 at idle."""
+        from tts_bridge.engines.chattts_onnx import read_manifest
+
+        fast_name = f"{name}_int8"
+        if voice.fast_voice is not None or fast_name in self._settings.voices:
+            return None
+        try:
+            if "int8" not in read_manifest(export.folder)["variants"]:
+                return None
+        except EngineError:
+            return None
+        settings = VoiceSettings(
+            engine="chattts-onnx",
+            model=export.folder,
+            precision="int8",
+            tier="fast",
+            spk_emb=voice.spk_emb,
+            spk_emb_sha256=voice.spk_emb_sha256,
+            options=dict(voice.options),
+            speed=voice.speed,
+            description=f"{name} on the INT8 graphs of {export.name} (its fast tier)",
+        )
+        engine = self._engine("chattts-onnx", export.folder, "int8", "fast")
+        return Voice(
+            fast_name, engine, voice.spk_emb, settings, "onnx", f"fast tier of {name} (INT8)"
+        )
 
     def _find_export(self, model: Path) -> tuple[OnnxExport | None, str]:
         """The ONNX export of the checkpoint in ``model``, or None and why there is none."""
