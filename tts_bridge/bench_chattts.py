@@ -1,36 +1,46 @@
-"""`tts-bridge bench --chattts`: ChatTTS speed and memory on the full-size architecture.
+"""`tts-bridge bench --chattts`: ChatTTS on torch and on ONNX Runtime, measured alike.
 
 The real weights come from a model hub this project never contacts, so the bench writes a
-checkpoint with the official shapes and random weights into a temporary folder: GPT 768 hidden x
-20 layers (12 heads, MLP 3072), 4 VQ codebooks of 626 audio tokens, a 21178-token text vocabulary,
-and ChatTTS's own decoder, DVAE and Vocos sizes (taken from ``ChatTTS.config.Config``). Random
+checkpoint with the official shapes and random weights (once, into ``OUT/checkpoint``): GPT 768
+hidden x 20 layers (12 heads, MLP 3072), 4 VQ codebooks of 626 audio tokens, a 21178-token text
+vocabulary, and ChatTTS's own decoder, DVAE and Vocos sizes (taken from ``ChatTTS.config.Config``).
+It exports that checkpoint to ONNX and quantizes it to INT8 (once, into ``OUT/onnx``). Random
 weights: speed and memory are real, the sound is not.
 
-The checkpoint is recorded in a temporary model manifest and loaded through ``ChatTTSEngine``
-(hash verification, Config derived from the files, ChatTTS's loader): the code path the bridge
-runs. The GPT then generates exactly ``tokens`` tokens per text (``min_new_token ==
-max_new_token``: random weights would otherwise stop at a random EOS), so every run does the same
-work. Measured per configuration -- torch FP32 or dynamic INT8 (``quantize_dynamic`` on the GPT's
-Linear layers), batch 1 or 4 -- each in its own child process so its peak RSS is its own: load
-time, GPT tokens/s, real-time factors (one token = 512 samples at 24 kHz, 46.875 tokens per
-second of audio; the bench measures it), decoder + Vocos time, RSS after loading, RSS of the
-model in use (after the run: transformers maps the GPT weights from the file, and they become
-resident only as generation touches them) and peak RSS.
+Four cases -- torch FP32, torch dynamic INT8 (``quantize_dynamic`` on the GPT's Linear layers),
+ONNX FP32, ONNX INT8 -- at each batch size, each in its own child process, one after another (so
+each peak RSS is the process's own and no two cases share the cores). The ONNX children never
+import torch (``tts_bridge.bench_onnx``; every row records whether torch got imported). Each
+child loads through the bridge's engine (``ChatTTSEngine`` / ``ChatTTSOnnxEngine``: hash
+verification, the engine's own loader), then:
+
+* runs the code loop for exactly ``tokens`` codes per text (EOS is blocked until then:
+  random weights would stop at an arbitrary EOS) and decodes the result: ms per step and
+  tokens/s (sampling included), and the end-to-end real-time factor (code loop, sampling,
+  decoder, Vocos and ISTFT; one code = 512 samples at 24 kHz, 46.875 codes per second of audio);
+* in the first batch size's child, times the engine's ``synthesize`` on a one-sentence
+  announcement from the call to its first yielded audio chunk, with EOS blocked for a fixed
+  number of codes (the engine's own length estimate of the sentence) for the same reason;
+* records its peak RSS (VmHWM) and whether torch was imported.
+
+With ``rounds`` > 1 the rounds are interleaved (every case once, then again) since the machine's
+load varies; each figure is the best of the rounds (fastest time, highest throughput) except
+memory, which is the highest. The issue's targets are printed next to the figures.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import importlib
 import json
 import logging
+import math
 import os
-import resource
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -38,22 +48,32 @@ from typing import Any
 import numpy as np
 
 from tts_bridge import __version__
-from tts_bridge.benchutil import machine_info
+from tts_bridge.benchutil import (
+    machine_info,
+    patched,
+    peak_rss_mb,
+    rss_mb,
+    run_child,
+    time_first_chunk,
+)
 from tts_bridge.benchutil import table as _table
 from tts_bridge.engines.chattts_torch import (
     NUM_AUDIO_TOKENS,
     NUM_VQ,
     SAMPLE_RATE,
+    SAMPLES_PER_TOKEN,
     SPK_STAT_FILE,
     SPK_STAT_FORMAT,
+    TOKENS_PER_SECOND,
     _release_freed_heap,
+    expected_seconds,
     read_checkpoint,
 )
 from tts_bridge.models import add_model, expected_hashes
 
 _LOGGER = logging.getLogger(__name__)
 
-NOTE = "random weights: speed and memory are real, the sound is not"
+NOTE = "full-size architecture, random weights: speed and memory are real, sound is not"
 MODEL_NAME = "chattts-bench"
 OFFICIAL_HIDDEN_SIZE = 768
 OFFICIAL_LAYERS = 20
@@ -64,8 +84,14 @@ NUM_TEXT_TOKENS = 21178
 LLAMA_VOCAB_SIZE = 32000
 """The official gpt/config.json keeps LlamaConfig's default; ChatTTS deletes that embedding."""
 PRECISIONS = ("fp32", "int8")
+TORCH_CASES = ("torch-fp32", "torch-int8")
+ONNX_CASES = ("onnx-fp32", "onnx-int8")
+CASES = (*TORCH_CASES, *ONNX_CASES)
 WARMUP_TOKENS = 4
 CHILD_TIMEOUT_S = 3600
+CHECKPOINT_DIR = "checkpoint"
+EXPORT_DIR = "onnx"
+RESULTS_FILE = "results.json"
 
 # Texts of similar length so a batch pads little; the 4th is Chinese like many real requests.
 BENCH_TEXTS = (
@@ -74,6 +100,16 @@ BENCH_TEXTS = (
     "dinner is ready, please come to the kitchen.",
     "客厅温度二十一点五度，湿度百分之四十五。",
 )
+FIRST_AUDIO_TEXT = "The front door is open."
+"""The one-sentence announcement whose first streamed audio is timed."""
+SPEED_LEVEL = 5
+"""[speed_5], ChatTTS's default and the engines' at speed 1.0."""
+
+
+def default_first_audio_codes(text: str = FIRST_AUDIO_TEXT) -> int:
+    """The engine's own length estimate of ``text`` in codes (106 for the announcement)."""
+    return math.ceil(expected_seconds(text, SPEED_LEVEL) * TOKENS_PER_SECOND)
+
 
 _BERT_SPECIAL = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 # ChatTTS's 50 tokens in upstream order; [break_0] must rank above every ordinary token.
@@ -294,32 +330,81 @@ def official_sections(checkpoint: Path) -> list[str]:
     ]
 
 
-# -- one configuration (runs in a child process) ------------------------------------------------
+# -- one case (runs in a child process) ----------------------------------------------------------
 
 
-def _peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
-
-
-def _rss_mb() -> float:
-    import psutil
-
-    return float(psutil.Process().memory_info().rss) / (1 << 20)
-
-
-def measure(
-    checkpoint: Path,
-    models_dir: Path,
+def result_row(
+    spec: dict[str, Any],
     *,
-    precision: str,
-    batch: int,
-    tokens: int,
-    threads: int,
+    started_load: float,
+    import_s: float,
+    load_s: float,
+    loop_s: float,
+    decode_s: float,
+    audio_s: float,
+    first_audio: dict[str, float] | None,
+    extra: dict[str, Any],
 ) -> dict[str, Any]:
-    """Load through ChatTTSEngine, then time one fixed-length generation and its decoding."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from tts_bridge.engines.chattts_torch import ChatTTSEngine
+    """One child's figures, the same fields for every case (both child modules build it)."""
+    tokens, batch = int(spec["tokens"]), int(spec["batch"])
+    row: dict[str, Any] = {
+        "case": spec["case"],
+        "batch": batch,
+        "threads": spec["threads"],
+        "tokens_per_text": tokens,
+        "import_s": round(import_s, 2),
+        "load_s": round(load_s, 2),
+        # One step makes one code for every text in the batch; sampling is included.
+        "ms_per_step": round(1000 * loop_s / tokens, 2),
+        "tokens_per_s": round(batch * tokens / loop_s, 1),
+        "loop_s": round(loop_s, 3),
+        "decode_s": round(decode_s, 3),
+        "audio_s": round(audio_s, 2),
+        "loop_rtf": round(loop_s / audio_s, 3),
+        "decode_rtf": round(decode_s / audio_s, 4),
+        "rtf": round((loop_s + decode_s) / audio_s, 3),
+        **extra,
+    }
+    if first_audio is not None:
+        codes = int(spec["first_audio_codes"])
+        # The forced count must have held (a little audio may be dropped as silence).
+        expected = (2 * codes - 1) * SAMPLES_PER_TOKEN // 2
+        if first_audio["total_samples"] < 0.8 * expected:
+            raise RuntimeError(
+                f"{spec['case']}: {first_audio['total_samples']} samples for {codes} forced "
+                f"codes (about {expected} expected): the fixed code count did not hold"
+            )
+        row.update(
+            {
+                "first_audio_text": FIRST_AUDIO_TEXT,
+                "first_audio_codes": codes,
+                "first_audio_ms": round(first_audio["first_ms"], 1),
+                "first_chunk_audio_s": round(first_audio["first_samples"] / SAMPLE_RATE, 2),
+                "sentence_ms": round(first_audio["total_ms"], 1),
+                "sentence_audio_s": round(first_audio["total_samples"] / SAMPLE_RATE, 2),
+                "sentence_chunks": first_audio["chunks"],
+            }
+        )
+    row.update(
+        {
+            "peak_rss_mb": round(peak_rss_mb(), 1),
+            "torch_imported": "torch" in sys.modules,
+            "loadavg_start": round(started_load, 2),
+            "loadavg_end": round(os.getloadavg()[0], 2),
+        }
+    )
+    return row
 
+
+def measure_torch(spec: dict[str, Any]) -> dict[str, Any]:
+    """torch FP32 or INT8: load through ChatTTSEngine, time the loop, decoding, first audio."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from tts_bridge.engines.chattts_torch import ChatTTSEngine, ChatTTSOptions
+
+    precision = spec["case"].removeprefix("torch-")
+    if precision not in PRECISIONS:
+        raise ValueError(f"not a torch case: {spec['case']}")
+    batch, tokens = int(spec["batch"]), int(spec["tokens"])
     loadavg_start = os.getloadavg()[0]
     started = time.perf_counter()
     # Importing torch, transformers and ChatTTS is a cost of its own (the bridge pays it on the
@@ -327,12 +412,14 @@ def measure(
     importlib.import_module("ChatTTS")
     import_s = time.perf_counter() - started
     engine = ChatTTSEngine(
-        checkpoint, expected_sha256=expected_hashes(MODEL_NAME, models_dir), threads=threads
+        Path(spec["checkpoint"]),
+        expected_sha256=expected_hashes(MODEL_NAME, Path(spec["models_dir"])),
+        threads=int(spec["threads"]),
     )
     started = time.perf_counter()
     engine.load()  # verifies every file's SHA-256, as the bridge does
     load_s = time.perf_counter() - started
-    rss_loaded = _rss_mb()
+    rss_loaded = rss_mb()
     # The engine has no public way to fix the token count (it sizes each generation from the
     # text), so the bench drives the loaded Chat object with ChatTTS's own parameters.
     loaded = engine._loaded
@@ -356,46 +443,54 @@ def measure(
         # the kernel can reclaim, but RSS counts them) while any GPT tensor still uses it.
         gc.collect()
         _release_freed_heap()
-    elif precision != "fp32":
-        raise ValueError(f"precision must be one of {PRECISIONS}")
-    rss_ready = _rss_mb()
+    rss_ready = rss_mb()
 
-    speaker = engine.sample_speaker(0)
+    speaker = loaded.default_speaker
     texts = [
         chat.normalizer(BENCH_TEXTS[i % len(BENCH_TEXTS)], True, True, None) for i in range(batch)
     ]
     _generate(chat, texts, speaker, WARMUP_TOKENS)
-    gpt_s, decode_s, generated, samples = _generate(chat, texts, speaker, tokens)
+    loop_s, decode_s, _generated, samples = _generate(chat, texts, speaker, tokens)
     # transformers memory-maps the GPT weights: they become resident as the first generation
     # touches them, so the RSS of a model in use is read after the run, not after loading.
-    rss_in_use = _rss_mb()
-    audio_s = samples * batch / SAMPLE_RATE
-    return {
-        "precision": precision,
-        "batch": batch,
-        "threads": threads,
-        "tokens_per_text": tokens,
-        "tokens_total": generated,
-        "import_s": round(import_s, 2),
-        "load_s": round(load_s, 2),
-        "quantize_s": round(quantize_s, 2),
-        "gpt_s": round(gpt_s, 2),
-        "gpt_tokens_per_s": round(generated / gpt_s, 1),
-        "gpt_rtf": round(gpt_s / audio_s, 3),
-        "decode_s": round(decode_s, 3),
-        "decode_rtf": round(decode_s / audio_s, 4),
-        "rtf": round((gpt_s + decode_s) / audio_s, 3),
-        "samples_per_text": samples,
-        # Vocos' centred ISTFT gives (2 x tokens - 1) x 256 samples: 512 per token less one hop.
-        "samples_per_token": round(samples / tokens, 2),
-        "audio_s": round(audio_s, 2),
-        "rss_loaded_mb": round(rss_loaded, 1),
-        "rss_ready_mb": round(rss_ready, 1),
-        "rss_in_use_mb": round(rss_in_use, 1),
-        "peak_rss_mb": round(_peak_rss_mb(), 1),
-        "loadavg_start": round(loadavg_start, 2),
-        "loadavg_end": round(os.getloadavg()[0], 2),
-    }
+    rss_in_use = rss_mb()
+    first_audio = None
+    codes = int(spec["first_audio_codes"])
+    if codes:
+        with _torch_fixed_codes(chat, codes):
+            first_audio = time_first_chunk(
+                lambda: engine.synthesize(FIRST_AUDIO_TEXT, None, ChatTTSOptions())
+            )
+    return result_row(
+        spec,
+        started_load=loadavg_start,
+        import_s=import_s,
+        load_s=load_s,
+        loop_s=loop_s,
+        decode_s=decode_s,
+        audio_s=samples * batch / SAMPLE_RATE,
+        first_audio=first_audio,
+        extra={
+            "quantize_s": round(quantize_s, 2),
+            "samples_per_text": samples,
+            "rss_loaded_mb": round(rss_loaded, 1),
+            "rss_ready_mb": round(rss_ready, 1),
+            "rss_in_use_mb": round(rss_in_use, 1),
+        },
+    )
+
+
+@contextlib.contextmanager
+def _torch_fixed_codes(chat: Any, codes: int) -> Iterator[None]:
+    """Make ChatTTSEngine's next generations exactly ``codes`` long (EOS blocked until then)."""
+    original = chat.InferCodeParams
+
+    def fixed(**kwargs: Any) -> Any:
+        kwargs["min_new_token"] = kwargs["max_new_token"] = codes
+        return original(**kwargs)
+
+    with patched(chat, "InferCodeParams", fixed):
+        yield
 
 
 def _generate(
@@ -403,10 +498,10 @@ def _generate(
 ) -> tuple[float, float, int, int]:
     """One batch through the GPT and then the decoder + Vocos, the two halves of Chat._infer.
 
-    Returns (GPT seconds, decode seconds, tokens generated, samples per text).
+    Returns (code loop seconds, decode seconds, tokens generated, samples per text).
     """
     params = chat.InferCodeParams(
-        prompt="[speed_5]",
+        prompt=f"[speed_{SPEED_LEVEL}]",
         spk_emb=speaker,
         temperature=0.3,
         top_P=0.7,
@@ -418,7 +513,7 @@ def _generate(
     )
     started = time.perf_counter()
     result = next(chat._infer_code(texts, False, chat.device, True, params))
-    gpt_s = time.perf_counter() - started
+    loop_s = time.perf_counter() - started
     generated = sum(int(h.shape[0]) for h in result.hiddens)
     started = time.perf_counter()
     wavs = chat._decode_to_wavs(result.hiddens, True)
@@ -426,136 +521,364 @@ def _generate(
     result.destroy()
     if generated != tokens * len(texts):
         raise RuntimeError(f"expected {tokens} tokens per text, the GPT made {generated} in all")
-    return gpt_s, decode_s, generated, int(wavs.shape[-1])
+    return loop_s, decode_s, generated, int(wavs.shape[-1])
 
 
 # -- the bench ------------------------------------------------------------------------------------
 
-
-def _child(args: list[str]) -> dict[str, Any]:
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-    done = subprocess.run(
-        [sys.executable, "-m", "tts_bridge.bench_chattts", *args],
-        capture_output=True,
-        text=True,
-        timeout=CHILD_TIMEOUT_S,
-        env=env,
-        check=False,
-    )
-    if done.returncode != 0:
-        raise RuntimeError(f"bench child {args[0]} failed:\n{done.stderr[-4000:]}")
-    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
-    return result
-
-
-TABLE_COLUMNS = [
-    "precision",
-    "batch",
+FASTEST = (
     "import_s",
     "load_s",
     "quantize_s",
-    "gpt_tokens_per_s",
-    "gpt_rtf",
+    "ms_per_step",
+    "gpt_ms_per_step",
+    "sampling_ms_per_step",
+    "loop_s",
+    "decode_s",
+    "loop_rtf",
     "decode_rtf",
     "rtf",
+    "first_audio_ms",
+    "sentence_ms",
+)
+"""Figures where the best round is the lowest."""
+HIGHEST = (
+    "tokens_per_s",
+    "rss_loaded_mb",
+    "rss_ready_mb",
     "rss_in_use_mb",
     "peak_rss_mb",
     "loadavg_start",
-]
+    "loadavg_end",
+)
+"""Throughput (best = highest) and memory and load (reported at their highest)."""
+
+TABLE_COLUMNS = {
+    "case": "case",
+    "batch": "batch",
+    "ms_per_step": "ms/step",
+    "tokens_per_s": "tokens/s",
+    "gpt_ms_per_step": "GPT ms/step",
+    "sampling_ms_per_step": "sampling ms/step",
+    "decode_s": "decode s",
+    "rtf": "RTF e2e",
+    "first_audio_ms": "first audio ms",
+    "load_s": "load s",
+    "peak_rss_mb": "peak RSS MB",
+    "torch_imported": "torch imported",
+}
+"""Printed columns: result field -> heading."""
+
+TARGET_TOKENS_PER_S = 80.0
+TARGET_RTF = 0.65
+TARGET_BATCH_GAIN = 2.5
+TARGET_PEAK_RSS_MB = 600.0
+TARGET_FIRST_AUDIO_MS = 600.0
+
+
+def combine_rounds(runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per (case, batch), in first-seen order: the best figure of its rounds."""
+    groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for run in runs:
+        groups.setdefault((run["case"], run["batch"]), []).append(run)
+    rows = []
+    for group in groups.values():
+        row = {k: v for k, v in group[0].items() if k != "round"}
+        row["rounds"] = len(group)
+        for keys, pick in ((FASTEST, min), (HIGHEST, max)):
+            for key in keys:
+                values = [r[key] for r in group if r.get(key) is not None]
+                if values:
+                    row[key] = pick(values)
+        row["torch_imported"] = any(r["torch_imported"] for r in group)
+        rows.append(row)
+    return rows
+
+
+def _find(rows: Sequence[dict[str, Any]], case: str, batch: int) -> dict[str, Any] | None:
+    return next((r for r in rows if r["case"] == case and r["batch"] == batch), None)
+
+
+def _verdict(ok: bool | None) -> str:
+    return "n/a" if ok is None else ("PASS" if ok else "MISS")
+
+
+def evaluate_targets(rows: Sequence[dict[str, Any]]) -> list[dict[str, str]]:
+    """The issue's targets for ONNX INT8, each with the figure and PASS, MISS or n/a."""
+    one = _find(rows, "onnx-int8", 1)
+    four = _find(rows, "onnx-int8", 4)
+    targets: list[tuple[str, str, bool | None]] = []
+    if one is None:
+        targets.append((f"batch 1 >= {TARGET_TOKENS_PER_S:g} tokens/s", "not measured", None))
+        targets.append((f"batch 1 RTF <= {TARGET_RTF:g} end to end", "not measured", None))
+    else:
+        tps, rtf = one["tokens_per_s"], one["rtf"]
+        targets.append(
+            (f"batch 1 >= {TARGET_TOKENS_PER_S:g} tokens/s", f"{tps}", tps >= TARGET_TOKENS_PER_S)
+        )
+        targets.append((f"batch 1 RTF <= {TARGET_RTF:g} end to end", f"{rtf}", rtf <= TARGET_RTF))
+    name = f"batch 4 aggregate >= {TARGET_BATCH_GAIN:g}x batch 1"
+    if one is None or four is None:
+        targets.append((name, "not measured", None))
+    else:
+        gain = four["tokens_per_s"] / one["tokens_per_s"]
+        targets.append((name, f"{gain:.2f}x", gain >= TARGET_BATCH_GAIN))
+    for row in (r for r in rows if r["case"] == "onnx-int8"):
+        peak, torch_free = row["peak_rss_mb"], not row["torch_imported"]
+        figure = f"{peak:.0f} MB, " + ("torch-free" if torch_free else "torch imported")
+        targets.append(
+            (
+                f"torch-free process peak RSS <= {TARGET_PEAK_RSS_MB:g} MB (batch {row['batch']})",
+                figure,
+                torch_free and peak <= TARGET_PEAK_RSS_MB,
+            )
+        )
+    name = f"first streamed audio <= {TARGET_FIRST_AUDIO_MS:g} ms"
+    timed = next((r for r in rows if r["case"] == "onnx-int8" and "first_audio_ms" in r), None)
+    if timed is None:
+        targets.append((name, "not measured", None))
+    else:
+        ms = timed["first_audio_ms"]
+        targets.append((name, f"{ms:.0f} ms", ms <= TARGET_FIRST_AUDIO_MS))
+    return [
+        {"target": f"ONNX INT8 {name}", "figure": figure, "result": _verdict(ok)}
+        for name, figure, ok in targets
+    ]
+
+
+def file_sizes(checkpoint: Path, export: Path, cases: Sequence[str]) -> list[dict[str, Any]]:
+    """The files each case loads (MB), and the GPT's part of them."""
+    rows: list[dict[str, Any]] = []
+    for case in cases:
+        if case in TORCH_CASES:
+            files = [p for p in (checkpoint / "asset").rglob("*") if p.is_file()]
+            gpt = [checkpoint / "asset" / "gpt" / "model.safetensors"]
+            note = "checkpoint (safetensors)"
+            if case == "torch-int8":
+                note += "; the GPT is quantized in memory at load"
+        else:
+            from tts_bridge.engines.chattts_onnx import (
+                ChatTTSOnnxEngine,
+                external_data_path,
+                precision_files,
+                read_manifest,
+            )
+
+            precision = case.removeprefix("onnx-")
+            engine = ChatTTSOnnxEngine(export, precision="int8" if precision == "int8" else "fp32")
+            files = [export / rel for rel in engine.files()]
+            graph = export / precision_files(read_manifest(export), precision)["gpt"]
+            gpt = [graph, external_data_path(graph)]
+            note = "ONNX export (graph + .data, numpy embeddings, tokenizer)"
+        rows.append(
+            {
+                "case": case,
+                "files_mb": round(sum(p.stat().st_size for p in files) / 1e6, 1),
+                "gpt_mb": round(sum(p.stat().st_size for p in gpt if p.is_file()) / 1e6, 1),
+                "what": note,
+            }
+        )
+    return rows
+
+
+def _onnx_ready(export: Path, cases: Sequence[str]) -> bool:
+    from tts_bridge.engines.chattts_onnx import MANIFEST_FILE, read_manifest
+
+    if not (export / MANIFEST_FILE).is_file():
+        return False
+    variants = read_manifest(export)["variants"]
+    return all(case.removeprefix("onnx-") in variants for case in cases if case in ONNX_CASES)
 
 
 def run_chattts_bench(
     out: Path,
     tokens: int = 200,
     batches: Sequence[int] = (1, 4),
+    *,
+    rounds: int = 1,
+    cases: Sequence[str] = CASES,
+    threads: int | None = None,
     hidden_size: int = OFFICIAL_HIDDEN_SIZE,
     num_layers: int = OFFICIAL_LAYERS,
-    *,
-    precisions: Sequence[str] = PRECISIONS,
-    threads: int | None = None,
+    first_audio_codes: int | None = None,
 ) -> dict[str, Any]:
-    """Build the random checkpoint, measure every precision x batch, print a table, write JSON."""
-    if tokens < 1 or not batches or min(batches) < 1:
-        raise ValueError("tokens and every batch size must be at least 1")
-    unknown = set(precisions) - set(PRECISIONS)
-    if unknown:
-        raise ValueError(f"unknown precisions {sorted(unknown)}; choose from {PRECISIONS}")
+    """Measure every case x batch size, ``rounds`` times interleaved; print, write JSON.
+
+    ``out`` is the work folder: the checkpoint in ``out/checkpoint`` and the export in
+    ``out/onnx`` are made when missing (``hidden_size``/``num_layers`` size a new checkpoint;
+    an existing one is used as it is), the results go to ``out/results.json``.
+    """
+    if tokens < 1 or not batches or min(batches) < 1 or rounds < 1:
+        raise ValueError("tokens, rounds and every batch size must be at least 1")
+    unknown = set(cases) - set(CASES)
+    if unknown or not cases:
+        raise ValueError(f"unknown cases {sorted(unknown)}; choose from {CASES}")
     threads = threads or len(os.sched_getaffinity(0))
+    codes = default_first_audio_codes() if first_audio_codes is None else first_audio_codes
+    out = out.resolve()
+    checkpoint, export = out / CHECKPOINT_DIR, out / EXPORT_DIR
+    out.mkdir(parents=True, exist_ok=True)
     report: dict[str, Any] = {
         "version": __version__,
         "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "note": NOTE,
         "machine": machine_info(),
-        "command": "tts-bridge " + " ".join(sys.argv[1:]),
+        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
         "tokens_per_text": tokens,
+        "batches": list(batches),
+        "rounds": rounds,
         "threads": threads,
+        "first_audio": {
+            "text": FIRST_AUDIO_TEXT,
+            "codes": codes,
+            "how": "time from the engine's synthesize call to its first yielded chunk, "
+            "EOS blocked for exactly this many codes",
+        },
     }
-    with tempfile.TemporaryDirectory(prefix="tts-chattts-bench-") as tmp:
-        checkpoint, models_dir = Path(tmp) / "checkpoint", Path(tmp) / "models"
-        print(f"writing a {hidden_size} x {num_layers} ChatTTS checkpoint ...", file=sys.stderr)
-        report["checkpoint"] = _child(["build", str(checkpoint), str(hidden_size), str(num_layers)])
-        report["checkpoint"]["dims"] = asdict(read_checkpoint(checkpoint))
-        manifest = add_model(MODEL_NAME, checkpoint, models_dir)
-        report["checkpoint"]["bytes"] = manifest.total_bytes
-        rows = []
-        for precision in precisions:
-            for batch in batches:
-                print(f"measuring {precision} batch {batch} ...", file=sys.stderr)
-                spec = {
-                    "checkpoint": str(checkpoint),
-                    "models_dir": str(models_dir),
-                    "precision": precision,
-                    "batch": batch,
-                    "tokens": tokens,
-                    "threads": threads,
-                }
-                rows.append(_child(["measure", json.dumps(spec)]))
-    report["results"] = rows
+    print(f"checkpoint in {checkpoint} ...", file=sys.stderr)
+    spec = [str(checkpoint), str(hidden_size), str(num_layers)]
+    report["checkpoint"] = run_child(__name__, ["checkpoint", *spec], timeout=CHILD_TIMEOUT_S)
+    dims = read_checkpoint(checkpoint)
+    report["checkpoint"]["dims"] = asdict(dims)
+    if any(case in ONNX_CASES for case in cases) and not _onnx_ready(export, cases):
+        print(f"exporting to ONNX and quantizing in {export} ...", file=sys.stderr)
+        args = ["export", str(checkpoint), str(export)]
+        report["export"] = run_child(__name__, args, timeout=CHILD_TIMEOUT_S)
+
+    runs: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="tts-chattts-bench-") as models_dir:
+        if any(case in TORCH_CASES for case in cases):
+            manifest = add_model(MODEL_NAME, checkpoint, Path(models_dir))
+            report["checkpoint"]["bytes"] = manifest.total_bytes
+        for round_ in range(1, rounds + 1):
+            for case in cases:
+                for batch in batches:
+                    print(f"round {round_}/{rounds}: {case} batch {batch} ...", file=sys.stderr)
+                    spec_ = {
+                        "case": case,
+                        "batch": batch,
+                        "tokens": tokens,
+                        "threads": threads,
+                        "checkpoint": str(checkpoint),
+                        "models_dir": models_dir,
+                        "export": str(export),
+                        "first_audio_codes": codes if batch == batches[0] else 0,
+                    }
+                    if case in TORCH_CASES:
+                        row = run_child(
+                            __name__, ["measure", json.dumps(spec_)], timeout=CHILD_TIMEOUT_S
+                        )
+                    else:
+                        row = run_child(
+                            "tts_bridge.bench_onnx",
+                            ["--child", json.dumps(spec_)],
+                            timeout=CHILD_TIMEOUT_S,
+                        )
+                    runs.append({**row, "round": round_})
+    rows = combine_rounds(runs)
     sections = report["checkpoint"]["official_sections"]
-    shape = "official shapes" if len(sections) == 5 else f"official: {', '.join(sections)}"
-    print(
-        f"ChatTTS, GPT {hidden_size} hidden x {num_layers} layers ({shape}), "
-        f"{report['checkpoint']['bytes'] / 1e6:.0f} MB; {tokens} tokens per text, "
-        f"{threads} threads\n{NOTE}\n"
+    full_size = len(sections) == 5
+    report["note"] = (
+        NOTE
+        if full_size
+        else f"GPT {dims.hidden_size} x {dims.num_hidden_layers} (not the full-size "
+        "architecture), random weights: speed and memory are real, sound is not"
     )
-    print(_table(rows, TABLE_COLUMNS))
-    busiest = max(max(r["loadavg_start"], r["loadavg_end"]) for r in rows)
-    if busiest > report["machine"]["cpus"] / 2:
-        # torch's OpenMP threads stall when the cores are shared; say so next to the figures.
-        print(
-            f"\nthe machine was busy (1-minute load average up to {busiest:.1f} on "
-            f"{report['machine']['cpus']} cores): these figures understate the speed"
-        )
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-    print(f"\nwritten to {out}")
+    report["runs"] = runs
+    report["results"] = rows
+    report["file_sizes"] = file_sizes(checkpoint, export, cases)
+    report["targets"] = evaluate_targets(rows)
+    print(format_report(report))
+    results = out / RESULTS_FILE
+    results.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    print(f"\nwritten to {results}")
     return report
+
+
+def format_report(report: dict[str, Any]) -> str:
+    """The printed form: note and settings, the figures, file sizes, the targets."""
+    dims = report["checkpoint"]["dims"]
+    rounds = report["rounds"]
+    first = report["first_audio"]
+    lines = [
+        report["note"],
+        f"ChatTTS GPT {dims['hidden_size']} hidden x {dims['num_hidden_layers']} layers; "
+        f"{report['tokens_per_text']} tokens per text (EOS blocked until then), "
+        f"{report['threads']} threads, "
+        + ("1 round" if rounds == 1 else f"best of {rounds} interleaved rounds (memory: highest)"),
+        f"first audio: {first['text']!r} through the engine's synthesize, EOS blocked for a fixed "
+        f"{first['codes']} codes (random weights stop at an arbitrary EOS); time to its first "
+        "yielded chunk",
+        "ms/step: one code for every text of the batch; tokens/s: all texts together; RTF e2e: "
+        "code loop with sampling, decoder, Vocos and ISTFT over the audio's duration",
+        "",
+    ]
+    shown = [
+        {
+            heading: ("" if row.get(field) is None else row[field])
+            for field, heading in TABLE_COLUMNS.items()
+        }
+        for row in report["results"]
+    ]
+    lines.append(_table(shown, list(TABLE_COLUMNS.values())))
+    lines += ["", "files loaded:"]
+    sizes = [
+        {"case": r["case"], "files MB": r["files_mb"], "GPT MB": r["gpt_mb"], "what": r["what"]}
+        for r in report["file_sizes"]
+    ]
+    lines.append(_table(sizes, ["case", "files MB", "GPT MB", "what"]))
+    full_size = report["note"] == NOTE
+    lines += ["", "targets (issue 4)" + (":" if full_size else ", set for the full-size model:")]
+    lines.append(_table(report["targets"], ["target", "figure", "result"]))
+    rows = report["results"]
+    busiest = max(max(r["loadavg_start"], r["loadavg_end"]) for r in rows)
+    cpus = report["machine"]["cpus"]
+    if busiest > cpus / 2:
+        # Threads stall when the cores are shared; say so next to the figures.
+        lines.append(
+            f"\nthe machine was busy (1-minute load average up to {busiest:.1f} on {cpus} "
+            "cores): these figures understate the speed"
+        )
+    return "\n".join(lines)
 
 
 def _child_main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
-    if argv[:1] == ["build"] and len(argv) == 4:
+    result: dict[str, Any]
+    if argv[:1] == ["checkpoint"] and len(argv) == 4:
+        checkpoint = Path(argv[1])
+        result = {"built": False}
+        # spk_stat.json is written last: its presence means a complete checkpoint.
+        if not (checkpoint / SPK_STAT_FILE).is_file():
+            started = time.perf_counter()
+            write_random_checkpoint(checkpoint, hidden_size=int(argv[2]), num_layers=int(argv[3]))
+            result = {"built": True, "build_s": round(time.perf_counter() - started, 1)}
+        result["official_sections"] = official_sections(checkpoint)
+    elif argv[:1] == ["export"] and len(argv) == 3:
+        from tts_bridge.engines.chattts_onnx import MANIFEST_FILE, read_manifest
+        from tts_bridge.export.quantize import quantize_onnx
+
+        checkpoint, export = Path(argv[1]), Path(argv[2])
         started = time.perf_counter()
-        checkpoint = write_random_checkpoint(
-            Path(argv[1]), hidden_size=int(argv[2]), num_layers=int(argv[3])
-        )
-        result: dict[str, Any] = {
-            "build_s": round(time.perf_counter() - started, 1),
-            "official_sections": official_sections(checkpoint),
+        if not (export / MANIFEST_FILE).is_file():
+            from tts_bridge.export.chattts_onnx import export_chattts
+
+            export_chattts(checkpoint, export)
+        exported = time.perf_counter()
+        if "int8" not in read_manifest(export)["variants"]:
+            quantize_onnx(export)
+        result = {
+            "export_s": round(exported - started, 1),
+            "quantize_s": round(time.perf_counter() - exported, 1),
         }
     elif argv[:1] == ["measure"] and len(argv) == 2:
-        spec = json.loads(argv[1])
-        result = measure(
-            Path(spec["checkpoint"]),
-            Path(spec["models_dir"]),
-            precision=spec["precision"],
-            batch=spec["batch"],
-            tokens=spec["tokens"],
-            threads=spec["threads"],
-        )
+        result = measure_torch(json.loads(argv[1]))
     else:
-        print("usage: python -m tts_bridge.bench_chattts build DEST HIDDEN LAYERS", file=sys.stderr)
-        print("       python -m tts_bridge.bench_chattts measure SPEC_JSON", file=sys.stderr)
+        print(
+            "usage: python -m tts_bridge.bench_chattts checkpoint DEST HIDDEN LAYERS\n"
+            "       python -m tts_bridge.bench_chattts export CHECKPOINT DEST\n"
+            "       python -m tts_bridge.bench_chattts measure SPEC_JSON",
+            file=sys.stderr,
+        )
         return 2
     print(json.dumps(result))
     return 0

@@ -25,6 +25,7 @@ _LOGGER = logging.getLogger(__name__)
 
 EXIT_CONFIG = 2
 DEFAULT_BENCH_OUT = Path("bench/results/bench.json")
+DEFAULT_CHATTTS_BENCH_OUT = Path("bench/results/chattts")
 
 
 def _setup_logging(settings: Settings | None, debug: bool) -> None:
@@ -285,8 +286,9 @@ def cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
     if args.chattts:
         from tts_bridge.bench_chattts import run_chattts_bench
 
-        out = args.out if args.out != DEFAULT_BENCH_OUT else args.out.with_name("chattts.json")
-        run_chattts_bench(out, tokens=args.tokens)
+        # --out is the work folder here: checkpoint, ONNX export and results.json.
+        out = args.out if args.out != DEFAULT_BENCH_OUT else DEFAULT_CHATTTS_BENCH_OUT
+        run_chattts_bench(out, args.tokens, args.batches, rounds=args.rounds)
         return 0
     if args.sweep:
         from tts_bridge.bench_sweep import run_sweep
@@ -426,7 +428,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser("bench", parents=[common], help="measure engines and cache latency")
     bench.add_argument("--requests", type=int, default=200, help="cache-hit requests over MQTT")
-    bench.add_argument("--out", type=Path, default=DEFAULT_BENCH_OUT)
+    bench.add_argument(
+        "--out",
+        type=Path,
+        default=DEFAULT_BENCH_OUT,
+        help="results file; with --chattts the work folder (checkpoint, onnx, results.json)",
+    )
     bench.add_argument(
         "--sweep", action="store_true", help="threads (1, 2) x concurrency (1, 2) sweep"
     )
@@ -434,9 +441,15 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--chattts",
         action="store_true",
-        help="full-size ChatTTS on random weights: torch FP32/INT8, batch 1 and 4",
+        help="full-size ChatTTS on random weights: torch and ONNX, FP32 and INT8",
     )
     bench.add_argument("--tokens", type=int, default=200, help="GPT tokens per text (--chattts)")
+    bench.add_argument(
+        "--batches", type=int, nargs="+", default=[1, 4], help="batch sizes (--chattts)"
+    )
+    bench.add_argument(
+        "--rounds", type=int, default=1, help="interleaved rounds, best kept (--chattts)"
+    )
     bench.add_argument("--skip-mqtt", action="store_true", help="only the engine measurements")
     bench.add_argument("--burst", type=int, default=12, help="live requests in the routing burst")
     bench.set_defaults(func=cmd_bench)
