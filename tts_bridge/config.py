@@ -258,6 +258,9 @@ class SchedulerSettings(_Section):
     """Quiet time after the last live request before idle work starts."""
     idle_max_load: float | None = Field(None, ge=0.0)
     """CPU cores other processes may be using for idle work to run; empty = half the cores."""
+    idle_batch_size: int = Field(4, ge=1, le=16)
+    """Idle sentences of one voice rendered together by an engine that batches (ChatTTS ONNX);
+    1 = one at a time."""
     learn_min_count: int = Field(3, ge=1)
     """A sentence asked this often within learn_window_s is pre-rendered in quality."""
     learn_window_s: int = Field(7 * 86400, ge=60)

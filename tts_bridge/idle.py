@@ -8,10 +8,17 @@ cache). Sources, first to last:
    persistent index beside the cache, so a restart does not forget them;
 3. configured `phrases` / `phrases_file` for the default voice;
 4. learned sentences: asked at least `learn_min_count` times within `learn_window_s`.
+
+Batching: for an engine with `synthesize_batch` (ChatTTS ONNX), the first sentence waiting takes
+up to `idle_batch_size - 1` uncached sentences of the same voice from the same source along, and
+they are rendered in one call (several texts in one code loop use the cores better than one).
+A batch is one uninterruptible unit for the scheduler, so it also holds at most
+`BATCH_MAX_AUDIO_S` of expected speech; a longer sentence is rendered alone, as before.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -22,13 +29,24 @@ from pathlib import Path
 from typing import Literal
 
 from tts_bridge.config import Settings
-from tts_bridge.engines.registry import UnknownVoiceError
+from tts_bridge.engines.base import SynthesisOptions
+from tts_bridge.engines.chattts_torch import expected_seconds
+from tts_bridge.engines.registry import UnknownVoiceError, Voice
 from tts_bridge.synthesis import RequestError, Synthesizer, prepare_text
 from tts_bridge.textlog import short
 
 _LOGGER = logging.getLogger(__name__)
 
 Kind = Literal["prerender", "upgrade", "phrase", "learned"]
+
+BATCH_MAX_AUDIO_S = 10.0
+"""Expected speech in one idle batch, in total (ChatTTS's estimate: 0.4 s per English word,
+0.26 s per Chinese character, slower speeds longer). A live request arriving meanwhile waits
+for the batch: about as long as its longest sentence alone takes, times the batch's slower
+step; at worst, when no text ends early, that sentence's token budget (2 x 10 s + 2 s of
+audio tokens, 1032 steps)."""
+BATCH_WINDOW = 8
+"""How far (times the batch size) down the queue batch-mates are looked for."""
 
 
 @dataclass(frozen=True)
@@ -66,6 +84,7 @@ class IdleWork:
         self._seen: OrderedDict[tuple[str, str], deque[float]] = OrderedDict()
         self._learned: deque[IdleItem] = deque()
         self.done: dict[Kind, int] = {"prerender": 0, "upgrade": 0, "phrase": 0, "learned": 0}
+        self._alone: set[tuple[str, str]] = set()  # failed in a batch: retried on their own
 
     def _items(self, texts: Iterable[str], voice: str, kind: Kind) -> list[IdleItem]:
         items: list[IdleItem] = []
@@ -138,10 +157,62 @@ class IdleWork:
             except UnknownVoiceError:
                 self._finish(item)
                 continue  # a voice removed from the config since
-            if self._synth.is_cached(voice, item.sentence):
+            options = self._synth.options_for(voice)
+            if self._synth.is_cached(voice, item.sentence, options):
                 self._finish(item)
                 continue
+            mates = self._batch_mates(item, voice, options)
+            if mates:
+                return lambda items=[item, *mates]: self._render_batch(items)  # type: ignore[misc]
             return lambda item=item: self._render(item)  # type: ignore[misc]
+
+    def _batch_mates(
+        self, item: IdleItem, voice: Voice, options: SynthesisOptions
+    ) -> list[IdleItem]:
+        """Uncached sentences of the same voice and source to render with `item`, if any."""
+        size = self._settings.scheduler.idle_batch_size
+        if size <= 1 or not hasattr(voice.engine, "synthesize_batch"):
+            return []
+        prepare = getattr(voice.engine, "prepare_text", None)
+        speed_level = getattr(options, "speed_level", 5)
+
+        def seconds(sentence: str) -> float:
+            return expected_seconds(prepare(sentence) if prepare else sentence, speed_level)
+
+        with self._lock:
+            if (item.voice, item.sentence) in self._alone:
+                return []
+            window = self._window(item.kind, size * BATCH_WINDOW)
+            window = [i for i in window if (i.voice, i.sentence) not in self._alone]
+        room = BATCH_MAX_AUDIO_S - seconds(item.sentence)
+        mates: list[IdleItem] = []
+        taken = {item.sentence}
+        for other in window:
+            if len(mates) == size - 1 or room <= 0:
+                break
+            if other.voice != item.voice or other.sentence in taken:
+                continue
+            need = seconds(other.sentence)
+            if need > room or self._synth.is_cached(voice, other.sentence, options):
+                continue
+            mates.append(other)
+            taken.add(other.sentence)
+            room -= need
+        return mates
+
+    def _window(self, kind: Kind, count: int) -> list[IdleItem]:
+        """The first `count` items waiting in the source `kind` comes from (under the lock)."""
+        if kind == "upgrade":
+            keys = itertools.islice(iter(self._synth.cache.upgrades), count)
+            return [IdleItem(*_split_upgrade(key), "upgrade") for key in keys]
+        return list(itertools.islice(self._queue(kind), count))
+
+    def _queue(self, kind: Kind) -> deque[IdleItem]:
+        return {
+            "prerender": self._requested,
+            "phrase": self._phrases,
+            "learned": self._learned,
+        }[kind]
 
     def _next_item(self) -> IdleItem | None:
         with self._lock:
@@ -149,8 +220,7 @@ class IdleWork:
                 return self._requested[0]
             upgrades = self._synth.cache.upgrades
             if len(upgrades):
-                voice, _, sentence = next(iter(upgrades)).partition("\x00")
-                return IdleItem(voice, sentence, "upgrade")
+                return IdleItem(*_split_upgrade(next(iter(upgrades))), "upgrade")
             if self._phrases:
                 return self._phrases[0]
             if self._learned:
@@ -159,16 +229,15 @@ class IdleWork:
 
     def _finish(self, item: IdleItem) -> None:
         with self._lock:
+            self._alone.discard((item.voice, item.sentence))
             if item.kind == "upgrade":
                 self._synth.cache.upgrades.pop(f"{item.voice}\x00{item.sentence}", None)
                 return
-            queue = {
-                "prerender": self._requested,
-                "phrase": self._phrases,
-                "learned": self._learned,
-            }[item.kind]
+            queue = self._queue(item.kind)
             if queue and queue[0] == item:
                 queue.popleft()
+            elif item in queue:  # a batch-mate from further down the queue
+                queue.remove(item)
 
     def _render(self, item: IdleItem) -> None:
         voice = self._synth.engines.voice(item.voice)
@@ -180,3 +249,34 @@ class IdleWork:
             _LOGGER.warning("Idle %s of %s failed: %s", item.kind, short(item.sentence), exc)
         finally:
             self._finish(item)
+
+    def _render_batch(self, items: list[IdleItem]) -> None:
+        """Several sentences of one voice in one `synthesize_batch` call (see the module doc)."""
+        started = time.perf_counter()
+        try:
+            voice = self._synth.engines.voice(items[0].voice)
+            options = self._synth.options_for(voice)
+            self._synth.sentences_batch(voice, [item.sentence for item in items], options)
+        except Exception as exc:  # not one item's fault for certain: each is retried alone
+            _LOGGER.warning(
+                "Idle batch of %d failed (%s); rendering them one at a time", len(items), exc
+            )
+            with self._lock:
+                self._alone.update((item.voice, item.sentence) for item in items)
+            return
+        _LOGGER.info(
+            "Idle: %s batch of %d in %s in %.1f s: %s",
+            items[0].kind,
+            len(items),
+            voice.name,
+            time.perf_counter() - started,
+            " | ".join(short(item.sentence) for item in items),
+        )
+        for item in items:
+            self.done[item.kind] += 1
+            self._finish(item)
+
+
+def _split_upgrade(key: str) -> tuple[str, str]:
+    voice, _, sentence = key.partition("\x00")
+    return voice, sentence

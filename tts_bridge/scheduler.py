@@ -5,11 +5,12 @@
   routed there because the quality queue is long. `submit_live` never blocks, so a flood is
   answered 'busy' instead of growing memory.
 - Background work (pre-rendering, quality upgrades, learned phrases) runs on one thread at a
-  lower OS priority, one sentence at a time, only when no live job is queued or running, the
-  last live request is `idle_delay_s` old and other processes use at most `idle_max_load` cores.
+  lower OS priority, one task at a time (a sentence, or a bounded batch of short ones: see
+  idle.py), only when no live job is queued or running, the last live request is
+  `idle_delay_s` old and other processes use at most `idle_max_load` cores.
 - Both kinds share `concurrency` synthesis slots. A live job that arrives during a background
-  sentence waits for that one sentence at most: the background thread gives its slot up to any
-  waiting live job before starting the next sentence.
+  task waits for that one task at most: the background thread gives its slot up to any
+  waiting live job before starting the next one.
 """
 
 from __future__ import annotations
