@@ -83,15 +83,18 @@ def run_child(module: str, args: Sequence[str], *, timeout: float) -> dict[str, 
 
 
 def time_first_chunk(synthesize: Callable[[], Iterable[Any]]) -> dict[str, float]:
-    """Time a synthesis from the call to its first yielded chunk, and to its last.
+    """Time a synthesis from the call to its first yielded audio, and to its end.
 
-    Returns milliseconds to the first chunk and to the end, and the samples of the first chunk
-    and of all chunks (``len`` of each).
+    Returns milliseconds to the first non-empty chunk and to the end, the samples of that chunk
+    and of all chunks (``len`` of each), and the number of non-empty chunks. Empty chunks (an
+    engine may yield one as a "more follows" marker) are not audio and are not counted.
     """
     started = time.perf_counter()
     first_ms = 0.0
     first = total = chunks = 0
     for chunk in synthesize():
+        if not len(chunk):
+            continue
         if chunks == 0:
             first_ms = 1000 * (time.perf_counter() - started)
             first = len(chunk)
