@@ -41,7 +41,14 @@ from tts_bridge.mqtt.protocol import (
 )
 from tts_bridge.routing import Route, TierRouter
 from tts_bridge.scheduler import Scheduler
-from tts_bridge.synthesis import Plan, Rendering, RequestError, SentenceAudio, Synthesizer
+from tts_bridge.synthesis import (
+    AudioPart,
+    Plan,
+    Rendering,
+    RequestError,
+    SentenceAudio,
+    Synthesizer,
+)
 from tts_bridge.textlog import short
 
 _LOGGER = logging.getLogger(__name__)
@@ -452,10 +459,8 @@ class Bridge:
         sample_rate = route.voice.engine.sample_rate
         pieces: list[SentenceAudio] = []
 
-        def on_sentence(piece: SentenceAudio) -> None:
-            pieces.append(piece)
-            if request.stream:  # out as soon as it is ready
-                self._publish_sentence(request, flags, piece, len(plan.sentences), sample_rate)
+        def on_part(part: AudioPart) -> None:  # out as soon as it is made
+            self._publish_part(request, flags, part, sample_rate)
 
         try:
             rendering = self._synth.render_plan(
@@ -463,7 +468,8 @@ class Bridge:
                 route.voice,
                 tier=route.tier,
                 use_cache=request.use_cache,
-                on_sentence=on_sentence,
+                on_sentence=pieces.append,
+                on_part=on_part if request.stream else None,
             )
         except RequestError as exc:
             self._refuse(request.id, exc.code, str(exc), reply, request.target, entry_id=entry_id)
@@ -538,7 +544,8 @@ class Bridge:
             if limit is not None and len(rendering.wav) > limit:
                 # Too big for the broker: one WAV per sentence on the stream topic, or an error.
                 # Never publish it whole: paho would reconnect forever on the broker's refusal.
-                if any(len(encode_wav(p.pcm, sample_rate)) > limit for p in pieces):
+                parts = self._synth.sentence_parts(pieces, sample_rate)
+                if any(len(encode_wav(p.pcm, sample_rate)) > limit for p in parts):
                     self._refuse(
                         job.request.id,
                         "audio_too_large",
@@ -550,8 +557,8 @@ class Bridge:
                     )
                     return None
                 chunked = True
-                for piece in pieces:
-                    self._publish_sentence(job.request, flags, piece, len(pieces), sample_rate)
+                for part in parts:
+                    self._publish_part(job.request, flags, part, sample_rate)
             else:
                 self._connection.publish(
                     OutgoingMessage(
@@ -579,25 +586,26 @@ class Bridge:
                 _LOGGER.warning("Request %s: audio too big for its response topic", job.request.id)
         return chunked
 
-    def _publish_sentence(
+    def _publish_part(
         self,
         request: SayRequest,
         flags: list[tuple[str, str]],
-        piece: SentenceAudio,
-        count: int,
+        part: AudioPart,
         sample_rate: int,
     ) -> None:
-        """One self-contained WAV per sentence on <base>/audio/<target>/stream, in order."""
+        """One self-contained WAV on <base>/audio/<target>/stream, in order: a sentence, or a
+        piece of one from an engine that streams within a sentence."""
         props = [
             *flags[:2],
-            ("seq", str(piece.index)),
-            ("last", "true" if piece.index == count - 1 else "false"),
-            ("cached", "true" if piece.cached else "false"),
+            ("seq", str(part.seq)),
+            ("sentence", str(part.sentence)),
+            ("last", "true" if part.last else "false"),
+            ("cached", "true" if part.cached else "false"),
         ]
         self._connection.publish(
             OutgoingMessage(
                 self.topics.audio_stream(request.target),
-                encode_wav(piece.pcm, sample_rate),
+                encode_wav(part.pcm, sample_rate),
                 content_type="audio/wav",
                 user_properties=props,
                 expiry_s=self._settings.mqtt.audio_expiry_s or None,

@@ -10,7 +10,7 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,7 +19,7 @@ import numpy as np
 from tts_bridge import audio
 from tts_bridge.cache import CacheKey, SentenceCache
 from tts_bridge.config import Settings
-from tts_bridge.engines.base import EngineError, SynthesisOptions
+from tts_bridge.engines.base import EngineError, FloatAudio, SynthesisOptions
 from tts_bridge.engines.registry import BackendFallbackError, EnginePool, Voice
 from tts_bridge.routing import CostEstimator
 from tts_bridge.text.sentences import clean, has_cjk, is_speakable, split_sentences
@@ -37,12 +37,51 @@ class RequestError(Exception):
 
 @dataclass(frozen=True)
 class SentenceAudio:
-    """One sentence, ready to send on its own (streaming) or to be joined into a message."""
+    """One whole sentence: joined into a message, cached, or sent on its own."""
 
     index: int
     text: str
     pcm: audio.Int16Audio
     cached: bool
+
+
+@dataclass(frozen=True)
+class AudioPart:
+    """A piece of audio as soon as it is made: one message on the stream topic.
+
+    From `Synthesizer.sentence`, `seq` counts the sentence's parts and `last` marks its final
+    part; `render_plan` renumbers them into the request's stream (see `StreamNumbering`).
+    """
+
+    seq: int
+    sentence: int
+    """Index of the sentence the audio belongs to."""
+    pcm: audio.Int16Audio
+    cached: bool
+    last: bool
+
+
+class StreamNumbering:
+    """Parts of successive sentences -> the request's stream messages: `seq` 0, 1, 2, ... across
+    the request, `last` only on the last sentence's final part, and the sentence pause at the
+    start of the first part of every sentence after the first, so that the messages joined are
+    the one-WAV answer sample for sample."""
+
+    def __init__(
+        self, on_part: Callable[[AudioPart], None], sentences: int, pause: audio.Int16Audio
+    ) -> None:
+        self._on_part = on_part
+        self._sentences = sentences
+        self._pause = pause
+        self._next = 0
+
+    def __call__(self, part: AudioPart) -> None:
+        pcm = part.pcm
+        if part.seq == 0 and part.sentence > 0 and self._pause.size:
+            pcm = np.concatenate([self._pause, pcm])
+        last = part.last and part.sentence == self._sentences - 1
+        self._on_part(dataclasses.replace(part, seq=self._next, pcm=pcm, last=last))
+        self._next += 1
 
 
 @dataclass
@@ -183,29 +222,60 @@ class Synthesizer:
         return self.estimator.seconds(voice.engine.name, voice.engine.identity, chars)
 
     def sentence(
-        self, voice: Voice, index: int, text: str, options: SynthesisOptions, use_cache: bool
+        self,
+        voice: Voice,
+        index: int,
+        text: str,
+        options: SynthesisOptions,
+        use_cache: bool,
+        *,
+        on_part: Callable[[AudioPart], None] | None = None,
     ) -> SentenceAudio:
-        """One sentence from the cache, or synthesized (and then cached)."""
+        """One sentence from the cache, or synthesized (and then cached).
+
+        `on_part` sees the audio while it is made: each chunk the engine yields, once the
+        engine yields anything after it or ends, with `last` on the final one; a cached
+        sentence is one part. Every sentence has a last part: an empty one if the engine made
+        no audio, or none after its last piece. With `on_part`, an engine's optional
+        `synthesize_stream` (same arguments and chunks as `synthesize`, but yielding audio
+        while it is generated, each piece followed by an empty chunk when more will follow, so
+        that no piece waits for the next) is used instead of `synthesize`.
+        """
         key = self._key(voice, text, options)
         if use_cache:
             hit = self.cache.get(key)
             if hit is not None and hit.sample_rate == voice.engine.sample_rate:
+                if on_part is not None:
+                    on_part(AudioPart(0, index, hit.pcm, cached=True, last=True))
                 return SentenceAudio(index, text, hit.pcm, cached=True)
         started = time.perf_counter()
         # Engines whose own text front end drops digits (ChatTTS) get text spelled out first.
         prepare = getattr(voice.engine, "prepare_text", None)
         spoken = prepare(text) if prepare is not None else text
+        chunks: list[FloatAudio] = []
+        held: FloatAudio | None = None  # the newest piece, until we know whether it is the last
+        sent = 0
+
+        def release(chunk: FloatAudio, last: bool) -> None:
+            nonlocal sent
+            if on_part is not None:
+                on_part(AudioPart(sent, index, audio.to_pcm16(chunk), cached=False, last=last))
+            sent += 1
+
         try:
-            self.engines.ensure_loaded(voice.engine)
-            chunks = list(voice.engine.synthesize(spoken, voice.speaker, options))
+            for chunk in self._synthesize(voice, spoken, options, stream=on_part is not None):
+                chunks.append(chunk)
+                if held is not None:
+                    release(held, last=False)
+                    held = None
+                if chunk.size:
+                    held = chunk
         except BackendFallbackError:
-            # The pool moved the voice to torch: another engine, so another cache key.
-            return self.sentence(self.engines.voice(voice.name), index, text, options, use_cache)
-        except EngineError:
-            raise
-        except Exception as exc:  # an engine bug must fail one request, not the bridge
-            _LOGGER.exception("Engine %s failed", voice.engine.identity)
-            raise EngineError(f"{voice.engine.name} failed: {type(exc).__name__}") from exc
+            # The pool moved the voice to torch (at load, before any audio): another engine,
+            # so another cache key.
+            voice = self.engines.voice(voice.name)
+            return self.sentence(voice, index, text, options, use_cache, on_part=on_part)
+        release(held if held is not None else np.zeros(0, dtype=np.float32), last=True)
         elapsed = time.perf_counter() - started
         pcm = audio.to_pcm16(np.concatenate(chunks)) if chunks else audio.silence(1, 0)
         self.estimator.observe(voice.engine.name, voice.engine.identity, len(text), elapsed)
@@ -213,6 +283,35 @@ class Synthesizer:
         if pcm.size and use_cache:
             self.cache.put(key, pcm, voice.engine.tier, voice.engine.identity)
         return SentenceAudio(index, text, pcm, cached=False)
+
+    def _synthesize(
+        self, voice: Voice, spoken: str, options: SynthesisOptions, *, stream: bool
+    ) -> Iterator[FloatAudio]:
+        """The engine's chunks; whatever goes wrong in the engine as EngineError (an error of
+        the caller's, between chunks, is not the engine's and passes unchanged)."""
+        engine = voice.engine
+        streaming = getattr(engine, "synthesize_stream", None) if stream else None
+        synthesize = streaming or engine.synthesize
+        try:
+            self.engines.ensure_loaded(engine)
+            yield from synthesize(spoken, voice.speaker, options)
+        except EngineError:
+            raise
+        except Exception as exc:  # an engine bug must fail one request, not the bridge
+            _LOGGER.exception("Engine %s failed", voice.engine.identity)
+            raise EngineError(f"{voice.engine.name} failed: {type(exc).__name__}") from exc
+
+    def sentence_parts(self, pieces: Sequence[SentenceAudio], sample_rate: int) -> list[AudioPart]:
+        """Whole sentences as the stream messages `render_plan` would have sent for engines
+        that make each sentence in one chunk (one message per sentence)."""
+        parts: list[AudioPart] = []
+        numbering = StreamNumbering(parts.append, len(pieces), self._pause(sample_rate))
+        for piece in pieces:
+            numbering(AudioPart(0, piece.index, piece.pcm, piece.cached, last=True))
+        return parts
+
+    def _pause(self, sample_rate: int) -> audio.Int16Audio:
+        return audio.silence(sample_rate, self._settings.synthesis.sentence_pause_ms)
 
     def validate(
         self,
@@ -261,18 +360,26 @@ class Synthesizer:
         tier: str | None = None,
         use_cache: bool = True,
         on_sentence: Callable[[SentenceAudio], None] | None = None,
+        on_part: Callable[[AudioPart], None] | None = None,
         volume: float | None = None,
     ) -> Rendering:
-        """Render a validated plan with `voice` (the plan's own voice or its fast tier);
-        `on_sentence` sees each sentence as soon as it is ready (streaming)."""
+        """Render a validated plan with `voice` (the plan's own voice or its fast tier).
+
+        `on_sentence` sees each sentence once it is complete. `on_part` sees the audio as it
+        is made, as the request's stream messages (`StreamNumbering`): one per sentence, or
+        several for an engine that streams within a sentence; joined, they are the rendering's
+        audio (`volume` aside)."""
         options = plan.options if voice is plan.voice else self._fast_options(voice, plan)
         sample_rate = voice.engine.sample_rate
-        pause = audio.silence(sample_rate, self._settings.synthesis.sentence_pause_ms)
+        pause = self._pause(sample_rate)
+        numbering = (
+            StreamNumbering(on_part, len(plan.sentences), pause) if on_part is not None else None
+        )
         parts: list[audio.Int16Audio] = []
         cached = 0
         started = time.perf_counter()
         for index, sentence in enumerate(plan.sentences):
-            piece = self.sentence(voice, index, sentence, options, use_cache)
+            piece = self.sentence(voice, index, sentence, options, use_cache, on_part=numbering)
             cached += piece.cached
             if on_sentence is not None:
                 on_sentence(piece)

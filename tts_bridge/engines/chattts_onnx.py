@@ -34,7 +34,7 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -102,6 +102,20 @@ MIN_TOKENS_TO_KEEP = 3
 REPETITION_PENALTY = 1.05
 SILENCE_THRESHOLD = np.float32(1e-5)
 """Chat.infer drops every sample at or below this magnitude; done here too for equal output."""
+SAMPLES_PER_CODE = 512
+"""One audio code is two mel frames of 256 samples (21.3 ms at 24 kHz)."""
+STREAM_CHUNK_CODES = (16, 20, 28, 40, 56, 80, 112, 160)
+"""Codes of final audio per streamed piece: the first early, then growing (the last size
+repeats). Measured at full size (INT8, 2 threads): about 9 ms to generate a code and 150 ms to
+decode a piece (its context included), for 21.3 ms of audio per code; so a piece of c codes
+buys about 12c - 150 ms of lead over playback, and sizes grow by ~1.4x to stay ahead of it."""
+
+
+def audible(wave: FloatAudio) -> FloatAudio:
+    """Chat.infer's output filter: samples at or below ``SILENCE_THRESHOLD`` in magnitude are
+    dropped (not zeroed), the rest clipped to [-1, 1]. Sample by sample, so filtering streamed
+    pieces and joining them equals filtering the whole."""
+    return np.clip(wave[np.abs(wave) > SILENCE_THRESHOLD], -1.0, 1.0)
 
 
 # -- manifest -----------------------------------------------------------------------------------
@@ -463,7 +477,9 @@ class ChatTTSOnnxModel:
         # The text table is large and only a prompt's rows are read: leave it on disk.
         self._emb_text = np.load(folder / EMB_TEXT_FILE, mmap_mode="r", allow_pickle=False)
         self._emb_code = np.load(folder / EMB_CODE_FILE, allow_pickle=False)
-        self._window = np.load(folder / WINDOW_FILE, allow_pickle=False).astype(np.float32)
+        self.window: npt.NDArray[np.float32] = np.load(
+            folder / WINDOW_FILE, allow_pickle=False
+        ).astype(np.float32)
         self._tokenizer = Tokenizer.from_file(str(folder / TOKENIZER_DIR / "tokenizer.json"))
         spk_id = self._tokenizer.token_to_id("[spk_emb]")
         if spk_id is None:
@@ -476,6 +492,7 @@ class ChatTTSOnnxModel:
             [o.name for o in self._gpt.get_outputs()],
         )
         self.times = StepTimes()
+        self._reach: tuple[Reach, Reach] | None = None
 
     # -- prompt -----------------------------------------------------------------------------
 
@@ -533,6 +550,27 @@ class ChatTTSOnnxModel:
         ``budgets`` optionally caps each row below ``params.max_new_token`` (a batched short
         text then ends at its own budget instead of running as long as its longest mate).
         """
+        steps = self.generate_steps(prompt, params, seed, budgets)
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                results: list[Generated] = done.value
+                return results
+
+    def generate_steps(
+        self,
+        prompt: Prompt,
+        params: SamplingParams,
+        seed: int,
+        budgets: Sequence[int] | None = None,
+    ) -> Generator[tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]], None, list[Generated]]:
+        """``generate`` one step at a time, for streaming: after each step it yields each row's
+        code count so far and the (batch, max_new_token, hidden) hidden-state buffer (row r's
+        first count[r] states are final); it returns what ``generate`` returns.
+
+        The time spent between steps is the caller's and is not counted in ``times``.
+        """
         batch = prompt.embeds.shape[0]
         row_budget = np.full(batch, params.max_new_token, dtype=np.int64)
         if budgets is not None:
@@ -547,7 +585,7 @@ class ChatTTSOnnxModel:
         hiddens = np.zeros((batch, params.max_new_token, self.hidden_size), dtype=np.float32)
         lengths = np.zeros(batch, dtype=np.int64)
         finished = np.zeros(batch, dtype=bool)
-        times = StepTimes()
+        times = self.times = StepTimes()  # live: a streaming caller may read it mid-loop
         for step in range(params.max_new_token):
             started = time.perf_counter()
             logits, hidden = self._step(embeds, mask, positions, cache)
@@ -564,6 +602,7 @@ class ChatTTSOnnxModel:
             times.gpt += between - started
             times.sampling += time.perf_counter() - between
             times.steps += 1
+            yield lengths.copy(), hiddens
             if finished.all():
                 break
             embeds = self.embed_codes(picked)[:, None, :]
@@ -571,7 +610,6 @@ class ChatTTSOnnxModel:
             positions = mask.sum(axis=1, keepdims=True) - 1
         else:
             _LOGGER.debug("code loop hit max_new_token %d", params.max_new_token)
-        self.times = times
         return [
             Generated(codes[row, : lengths[row]].copy(), hiddens[row, : lengths[row]].copy())
             for row in range(batch)
@@ -584,16 +622,43 @@ class ChatTTSOnnxModel:
     ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
         """(steps, hidden) -> Vocos magnitude and phase, each (1, n_fft/2 + 1, 2 x steps)."""
         batch = np.ascontiguousarray(hiddens.T[None, :, :], dtype=np.float32)
-        (mel,) = self._decoder.run(None, {"hidden": batch})
+        return self.run_vocos(self.run_decoder(batch))
+
+    def run_decoder(self, hidden: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+        """decoder.onnx: (1, hidden, steps) -> mel (1, mels, 2 x steps)."""
+        (mel,) = self._decoder.run(None, {"hidden": hidden})
+        return _as_float32(mel)
+
+    def run_vocos(
+        self, mel: npt.NDArray[np.float32]
+    ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
+        """vocos.onnx: mel (1, mels, frames) -> magnitude and phase (1, n_fft/2 + 1, frames)."""
         magnitude, phase = self._vocos.run(None, {"mel": mel})
-        return magnitude, phase
+        return _as_float32(magnitude), _as_float32(phase)
 
     def decode(self, hiddens: npt.NDArray[np.float32]) -> FloatAudio:
         """Hidden states of one text -> waveform (ChatTTS's _decode_to_wavs for one text)."""
         if hiddens.shape[0] == 0:
             return np.zeros(0, dtype=np.float32)
         magnitude, phase = self.spectrum(hiddens)
-        return istft(magnitude[0], phase[0], self._window, self.hop_length)
+        return istft(magnitude[0], phase[0], self.window, self.hop_length)
+
+    @property
+    def reach(self) -> tuple[Reach, Reach]:
+        """The decoder's and Vocos's reach in mel frames (two per code), measured on first use
+        (at full size about 200 ms; the engine does it at load)."""
+        if self._reach is None:
+            decoder = measure_reach(
+                lambda hidden: (self.run_decoder(hidden),), self.hidden_size, 2, inputs=96
+            )
+            mels = int(self._vocos.get_inputs()[0].shape[1])
+            vocos = measure_reach(self.run_vocos, mels, 1)
+            self._reach = (decoder, vocos)
+        return self._reach
+
+    def stream_decoder(self) -> StreamingDecoder:
+        """A decoder for one text whose hidden states arrive while they are generated."""
+        return StreamingDecoder(self)
 
 
 FOLD_EVERY = 32
@@ -636,6 +701,10 @@ class KVCache:
 def _length(value: Any) -> int:
     shape = value.shape() if callable(value.shape) else value.shape
     return int(shape[2])
+
+
+def _as_float32(value: Any) -> npt.NDArray[np.float32]:
+    return np.asarray(value, dtype=np.float32)
 
 
 def _as_numpy(value: Any) -> npt.NDArray[np.float32]:
@@ -698,9 +767,7 @@ def istft(
     """
     n_fft = window.size
     frames = magnitude.shape[1]
-    spectrum = (magnitude * np.cos(phase)) + 1j * (magnitude * np.sin(phase))
-    chunks = np.fft.irfft(spectrum.astype(np.complex64), n=n_fft, axis=0).astype(np.float32)
-    chunks *= window[:, None]
+    chunks = _frames(magnitude, phase, window)
     total = n_fft + hop_length * (frames - 1)
     signal = np.zeros(total, dtype=np.float32)
     envelope = np.zeros(total, dtype=np.float32)
@@ -712,6 +779,174 @@ def istft(
     half = n_fft // 2
     body = slice(half, total - half)
     return np.asarray(signal[body] / envelope[body], dtype=np.float32)
+
+
+def _frames(
+    magnitude: npt.NDArray[np.float32],
+    phase: npt.NDArray[np.float32],
+    window: npt.NDArray[np.float32],
+) -> npt.NDArray[np.float32]:
+    """Spectrum frames (bins, frames) -> windowed time frames (n_fft, frames)."""
+    spectrum = (magnitude * np.cos(phase)) + 1j * (magnitude * np.sin(phase))
+    chunks = np.fft.irfft(spectrum.astype(np.complex64), n=window.size, axis=0).astype(np.float32)
+    chunks *= window[:, None]
+    return chunks
+
+
+# -- streaming ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Reach:
+    """How many frames one output frame of a convolution stack reads on each side of itself."""
+
+    left: int
+    right: int
+
+
+def measure_reach(
+    run: Callable[[npt.NDArray[np.float32]], Sequence[npt.NDArray[np.float32]]],
+    channels: int,
+    frames_per_input: int,
+    inputs: int = 64,
+) -> Reach:
+    """A graph's reach, read from how NaN spreads through it.
+
+    ``run`` maps (1, channels, n) inputs to outputs (1, *, n x frames_per_input). The first and
+    the last input of a sequence are NaN; every output that reads one of them, however small
+    its weight, turns NaN, so the reach is the architecture's own (a changed value would be
+    lost in rounding behind a residual connection: on random weights that measured 56 of the
+    decoder's 75 frames). The sequence doubles until the two NaN regions are apart.
+    """
+    while True:
+        probe = np.zeros((1, channels, inputs), dtype=np.float32)
+        probe[:, :, [0, -1]] = np.nan
+        reached = np.zeros(inputs * frames_per_input, dtype=bool)
+        with np.errstate(invalid="ignore"):
+            for output in run(probe):
+                reached |= np.asarray(np.isnan(output[0]).any(axis=0), dtype=bool)
+        clean = np.flatnonzero(~reached)
+        if clean.size:
+            # Outputs 0 .. clean[0] - 1 read the first input's frames (0 .. per - 1), and
+            # clean[-1] + 1 .. end the last input's frames (n - per .. n - 1).
+            left = int(clean[0]) - frames_per_input
+            right = reached.size - frames_per_input - int(clean[-1]) - 1
+            return Reach(left=left, right=right)
+        inputs *= 2
+
+
+class StreamingDecoder:
+    """Hidden states that arrive a few at a time -> the audio samples that can no longer change.
+
+    The decoder and Vocos are stacks of non-causal convolutions (zero padded at both ends) and
+    the ISTFT overlaps frames, so the last samples decoded from a prefix change when more codes
+    arrive. Only final samples are returned: those whose whole receptive field, mel frame to
+    waveform, lies in the prefix (``ChatTTSOnnxModel.reach``, about 52 codes at full size).
+    Each graph runs on a window, the new frames plus the context on either side they read, so
+    the cost of a generation stays linear in its length. Mel frames once final are kept for
+    Vocos's left context; spectrum frames are overlap-added into a running buffer as the one-shot
+    ``istft`` adds them, in the same order.
+
+    The concatenated output equals ``ChatTTSOnnxModel.decode`` of the full sequence (up to
+    float rounding in the graphs' window sizes; the tests hold it to 1e-5).
+    """
+
+    def __init__(self, model: ChatTTSOnnxModel) -> None:
+        self._model = model
+        self._decoder_reach, self._vocos_reach = model.reach
+        self._hop: int = model.hop_length
+        self._window = model.window
+        self._squared = self._window * self._window
+        self._half: int = self._window.size // 2
+        self._mel: npt.NDArray[np.float32] | None = None
+        """Final mel frames from ``_mel_start`` to ``_mel_done`` (1, mels, frames)."""
+        self._mel_start = 0
+        self._mel_done = 0
+        self._frames_done = 0
+        """Spectrum frames overlap-added so far."""
+        n_fft = self._window.size
+        self._signal = np.zeros(n_fft, dtype=np.float32)
+        self._envelope = np.zeros(n_fft, dtype=np.float32)
+        self._origin = 0
+        """Index (in the centre-padded signal) of ``_signal[0]``."""
+        self._emitted = self._half
+        """Padded index of the next sample to return: output sample 0 is padded index n_fft/2."""
+
+    @property
+    def lookahead_codes(self) -> float:
+        """How many codes the final audio trails the generated codes by (52 at full size)."""
+        frames = self._decoder_reach.right + self._vocos_reach.right
+        return (frames * self._hop + self._half) / (2 * self._hop)
+
+    def ready(self, codes: int) -> int:
+        """How many samples in all are final once ``codes`` codes exist (more may follow)."""
+        frames = 2 * codes - self._decoder_reach.right - self._vocos_reach.right
+        return max(0, frames * self._hop - self._half)
+
+    def push(self, hiddens: npt.NDArray[np.float32], *, final: bool = False) -> FloatAudio:
+        """The samples that became final with ``hiddens`` (every state so far, (steps, hidden));
+        ``final`` says no state will follow, so every remaining sample is returned."""
+        codes = hiddens.shape[0]
+        total = 2 * codes
+        mel_target = total if final else max(0, total - self._decoder_reach.right)
+        if mel_target > self._mel_done:
+            self._extend_mel(hiddens, mel_target)
+        frame_target = mel_target if final else max(0, mel_target - self._vocos_reach.right)
+        if frame_target > self._frames_done:
+            self._add_frames(frame_target, mel_end=mel_target)
+        if final:
+            limit = self._window.size + self._hop * (total - 1) - self._half if codes else 0
+        else:
+            limit = self._frames_done * self._hop
+        return self._take(limit)
+
+    def _extend_mel(self, hiddens: npt.NDArray[np.float32], target: int) -> None:
+        # The window starts on a code (two mel frames each) far enough left that the decoder's
+        # zero padding there does not reach the first new frame.
+        first_code = max(0, self._mel_done - self._decoder_reach.left) // 2
+        window = np.ascontiguousarray(hiddens[first_code:].T[None, :, :], dtype=np.float32)
+        mel = self._model.run_decoder(window)
+        offset = 2 * first_code
+        new = mel[:, :, self._mel_done - offset : target - offset]
+        keep_from = max(0, self._frames_done - self._vocos_reach.left)
+        if self._mel is None:
+            self._mel = new
+        else:
+            old = self._mel[:, :, keep_from - self._mel_start :]
+            self._mel = np.concatenate([old, new], axis=2)
+            self._mel_start = keep_from
+        self._mel_done = target
+
+    def _add_frames(self, target: int, mel_end: int) -> None:
+        assert self._mel is not None
+        # From far enough left that Vocos's zero padding does not reach the first new frame, to
+        # the last final mel frame (which the newest spectrum frame reads, and no further).
+        start = max(0, self._frames_done - self._vocos_reach.left)
+        mel = self._mel[:, :, start - self._mel_start : mel_end - self._mel_start]
+        magnitude, phase = self._model.run_vocos(np.ascontiguousarray(mel))
+        begin, stop = self._frames_done - start, target - start
+        chunks = _frames(magnitude[0, :, begin:stop], phase[0, :, begin:stop], self._window)
+        n_fft = self._window.size
+        needed = target * self._hop + n_fft - self._hop - self._origin
+        if needed > self._signal.size:
+            grow = needed - self._signal.size
+            self._signal = np.concatenate([self._signal, np.zeros(grow, dtype=np.float32)])
+            self._envelope = np.concatenate([self._envelope, np.zeros(grow, dtype=np.float32)])
+        for index in range(chunks.shape[1]):
+            at = (self._frames_done + index) * self._hop - self._origin
+            self._signal[at : at + n_fft] += chunks[:, index]
+            self._envelope[at : at + n_fft] += self._squared
+        self._frames_done = target
+
+    def _take(self, limit: int) -> FloatAudio:
+        if limit <= self._emitted:
+            return np.zeros(0, dtype=np.float32)
+        begin, end = self._emitted - self._origin, limit - self._origin
+        out = np.asarray(self._signal[begin:end] / self._envelope[begin:end], dtype=np.float32)
+        self._signal = self._signal[end:]
+        self._envelope = self._envelope[end:]
+        self._origin = self._emitted = limit
+        return out
 
 
 # -- the engine ---------------------------------------------------------------------------------
@@ -862,13 +1097,17 @@ class ChatTTSOnnxEngine:
             arena=self._arena,
             spinning=self._spinning,
         )
+        # Measured now rather than on the first streamed request (~200 ms at full size).
+        lookahead = model.stream_decoder().lookahead_codes
         _LOGGER.info(
-            "Loaded ChatTTS ONNX %s (%s, hidden %d x %d layers, %d threads) in %.1f s",
+            "Loaded ChatTTS ONNX %s (%s, hidden %d x %d layers, %d threads, streaming "
+            "lookahead %.0f codes) in %.1f s",
             self._folder,
             self._precision,
             model.hidden_size,
             model.num_layers,
             self._threads,
+            lookahead,
             time.monotonic() - started,
         )
         return _Loaded(model, stats, default_speaker)
@@ -916,6 +1155,81 @@ class ChatTTSOnnxEngine:
             if audio.size:
                 yield audio
 
+    def synthesize_stream(
+        self, text: str, speaker: str | None, options: SynthesisOptions
+    ) -> Iterator[FloatAudio]:
+        """``synthesize``, streaming: each generation yields its audio in pieces while the codes
+        are generated (``STREAM_CHUNK_CODES``), each piece the samples no later code can change
+        (see ``StreamingDecoder``). Joined, the pieces are ``synthesize``'s audio of the same
+        codes (silence filter included) up to float rounding.
+
+        After a piece that is not the last, an empty chunk follows at once: a consumer that
+        looks one chunk ahead to mark the last piece (the bridge's stream topic) can send the
+        piece then instead of when the next one is ready.
+
+        Decoding in pieces costs more (each piece decodes its context again: at full size a
+        106-code sentence took 490 ms to decode streamed, 200 ms whole), so the synthesizer
+        uses this only for streamed requests.
+        """
+        chosen = self._options(options)
+        if speaker is not None:
+            self.validate_speaker(speaker)
+        chunks = split_for_generation(strip_control_tags(text), chosen.speed_level)
+        texts = [c for c in chunks if is_speakable(strip_control_tags(c))]
+        for number, chunk in enumerate(texts):
+            for audio, more in self._stream(chunk, speaker, chosen):
+                if audio.size:
+                    yield audio
+                    if more or number < len(texts) - 1:
+                        yield np.zeros(0, dtype=np.float32)
+
+    def _stream(
+        self, text: str, speaker: str | None, chosen: ChatTTSOptions
+    ) -> Iterator[tuple[FloatAudio, bool]]:
+        """One generation of one text: (audio, more follows) as the samples become final.
+
+        Holds the engine's lock until the generation ends (or the iterator is closed).
+        """
+        spoken = [strip_control_tags(text)]
+        params, budgets = self._sampling(spoken, chosen)
+        with self._lock:
+            if self._loaded is None:
+                self._loaded = self._load_locked()
+            loaded = self._loaded
+            model = loaded.model
+            _LOGGER.debug(
+                "ChatTTS ONNX, streaming: %s (max %d tokens, seed %d)",
+                short(spoken[0]),
+                params.max_new_token,
+                chosen.seed,
+            )
+            try:
+                prompts = self._code_prompts(loaded, spoken, chosen)
+                prompt = model.encode(prompts, speaker or loaded.default_speaker)
+                decoder = model.stream_decoder()
+                steps = model.generate_steps(prompt, params, chosen.seed, budgets)
+                sizes = iter(STREAM_CHUNK_CODES)
+                emitted = 0
+                due = next(sizes) * SAMPLES_PER_CODE
+                while True:
+                    try:
+                        counts, hiddens = next(steps)
+                    except StopIteration as done:
+                        (result,) = done.value
+                        break
+                    count = int(counts[0])
+                    if decoder.ready(count) - emitted >= due:
+                        audio = decoder.push(hiddens[0, :count])
+                        emitted += audio.size
+                        due = next(sizes, STREAM_CHUNK_CODES[-1]) * SAMPLES_PER_CODE
+                        yield audible(audio), True
+                audio = decoder.push(result.hiddens, final=True)
+            except EngineError:
+                raise
+            except Exception as exc:  # onnxruntime's errors have no common public base class
+                raise EngineError(f"ChatTTS ONNX failed on {short(spoken[0])}: {exc}") from exc
+        yield audible(audio), False
+
     def synthesize_batch(
         self, texts: Sequence[str], speaker: str | None, options: SynthesisOptions
     ) -> list[FloatAudio]:
@@ -934,25 +1248,14 @@ class ChatTTSOnnxEngine:
         if not wanted:
             return clips
         spoken = [strip_control_tags(texts[i]) for i in wanted]
-        budgets = [max_new_tokens(expected_seconds(t, chosen.speed_level)) for t in spoken]
-        budget = max(budgets)
-        params = SamplingParams(
-            temperature=chosen.temperature,
-            top_p=chosen.top_P,
-            top_k=chosen.top_K,
-            # As the torch engine: at least one code, so a generation is never empty.
-            min_new_token=1,
-            max_new_token=budget,
-        )
+        params, budgets = self._sampling(spoken, chosen)
+        budget = params.max_new_token
         with self._lock:
             if self._loaded is None:
                 self._loaded = self._load_locked()
             loaded = self._loaded
             model = loaded.model
-            cleaned = [model.cleaner(t) for t in spoken]
-            if chosen.refine_text:
-                cleaned = self._refine(loaded, cleaned, spoken, chosen)
-            prompts = [code_prompt(t, chosen.speed_level, True) for t in cleaned]
+            prompts = self._code_prompts(loaded, spoken, chosen)
             _LOGGER.debug(
                 "ChatTTS ONNX: %s (max %d tokens, seed %d)",
                 short(" | ".join(spoken)),
@@ -966,8 +1269,33 @@ class ChatTTSOnnxEngine:
             except Exception as exc:  # onnxruntime's errors have no common public base class
                 raise EngineError(f"ChatTTS ONNX failed on {short(spoken[0])}: {exc}") from exc
         for index, wave in zip(wanted, audio, strict=True):
-            clips[index] = np.clip(wave[np.abs(wave) > SILENCE_THRESHOLD], -1.0, 1.0)
+            clips[index] = audible(wave)
         return clips
+
+    @staticmethod
+    def _sampling(
+        spoken: Sequence[str], chosen: ChatTTSOptions
+    ) -> tuple[SamplingParams, list[int]]:
+        """Sampling parameters for one code loop over ``spoken`` and each text's token budget."""
+        budgets = [max_new_tokens(expected_seconds(t, chosen.speed_level)) for t in spoken]
+        params = SamplingParams(
+            temperature=chosen.temperature,
+            top_p=chosen.top_P,
+            top_k=chosen.top_K,
+            # As the torch engine: at least one code, so a generation is never empty.
+            min_new_token=1,
+            max_new_token=max(budgets),
+        )
+        return params, budgets
+
+    def _code_prompts(
+        self, loaded: _Loaded, spoken: list[str], chosen: ChatTTSOptions
+    ) -> list[str]:
+        """The code prompts for ``spoken``: cleaned, refined when asked (call under the lock)."""
+        cleaned = [loaded.model.cleaner(t) for t in spoken]
+        if chosen.refine_text:
+            cleaned = self._refine(loaded, cleaned, spoken, chosen)
+        return [code_prompt(t, chosen.speed_level, True) for t in cleaned]
 
     def _options(self, options: SynthesisOptions) -> ChatTTSOptions:
         if isinstance(options, ChatTTSOptions):

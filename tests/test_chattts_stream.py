@@ -1,0 +1,348 @@
+"""Streaming within a sentence: ChatTTS on ONNX yields audio while its codes are generated
+(``synthesize_stream``, used by the bridge for ``"stream": true`` requests).
+
+Everything runs on the tiny random checkpoint exported with the real exporter
+(tests/chattts_tiny.py), through onnxruntime, and over a real mosquitto with the real bridge.
+The streamed pieces are compared with the one-shot decode of the same hidden states.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import itertools
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["TRANSFORMERS_OFFLINE"] = "1"
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+import soundfile
+from chattts_tiny import make_tiny_checkpoint
+from conftest import BridgeFactory, MqttProbe, ProbeFactory, ReceivedMessage
+
+from tts_bridge.engines.base import SynthesisOptions
+from tts_bridge.engines.chattts_onnx import (
+    SAMPLES_PER_CODE,
+    ChatTTSOnnxEngine,
+    ChatTTSOnnxModel,
+    Reach,
+    SamplingParams,
+    audible,
+    code_prompt,
+    precision_files,
+    read_manifest,
+)
+from tts_bridge.engines.chattts_torch import (
+    CHECKPOINT_FILES,
+    SPK_STAT_FILE,
+    ChatTTSOptions,
+)
+from tts_bridge.models import sha256_file
+
+THREADS = 1
+TEXT = "The front door is open."
+BASE = "tts_bridge"
+RESPONSE = f"{BASE}/bridge/response/say"
+WAIT_S = 120.0
+PARITY = 1e-5
+"""Max abs difference allowed between streamed and one-shot audio (float rounding only)."""
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("ChatTTS") is None
+    or importlib.util.find_spec("onnx") is None
+    or importlib.util.find_spec("onnxruntime") is None,
+    reason="needs the 'chattts' extra plus onnx (the exporter) and onnxruntime",
+)
+
+
+# -- fixtures (as in test_chattts_onnx.py) ------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("chattts-stream") / "tiny", seed=0)
+
+
+@pytest.fixture(scope="module")
+def export(checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny checkpoint exported and quantized (treat as read-only)."""
+    from tts_bridge.export.chattts_onnx import export_chattts
+    from tts_bridge.export.quantize import quantize_onnx
+
+    dest = tmp_path_factory.mktemp("chattts-stream") / "export"
+    hashes = {rel: sha256_file(checkpoint / rel) for rel in (*CHECKPOINT_FILES, SPK_STAT_FILE)}
+    export_chattts(checkpoint, dest, expected_sha256=hashes)
+    quantize_onnx(dest)
+    return dest
+
+
+@pytest.fixture(scope="module")
+def model(export: Path) -> ChatTTSOnnxModel:
+    return ChatTTSOnnxModel(export, precision_files(read_manifest(export), "int8"), threads=THREADS)
+
+
+@pytest.fixture(scope="module")
+def hiddens(model: ChatTTSOnnxModel) -> npt.NDArray[np.float32]:
+    """Real hidden states of a generation on the tiny model (160 codes)."""
+    prompt = model.encode([code_prompt(model.cleaner(TEXT), 5, True)], None)
+    params = SamplingParams(min_new_token=1, max_new_token=160)
+    (result,) = model.generate(prompt, params, seed=3)
+    assert result.hiddens.shape[0] == 160
+    return result.hiddens
+
+
+def _stream(
+    model: ChatTTSOnnxModel, hiddens: npt.NDArray[np.float32], every: int
+) -> list[npt.NDArray[np.float32]]:
+    """Push the states ``every`` codes at a time, then finish."""
+    decoder = model.stream_decoder()
+    pieces = [decoder.push(hiddens[:n]) for n in range(every, hiddens.shape[0], every)]
+    pieces.append(decoder.push(hiddens, final=True))
+    return pieces
+
+
+# -- the streaming decoder ----------------------------------------------------------------------
+
+
+def test_reach_is_the_architectures(model: ChatTTSOnnxModel) -> None:
+    # Tiny decoder: two kernel-3 input convs (1 + 1), one ConvNeXt block with kernel 7 and
+    # dilation 2 (6), a kernel-3 output conv (1). Tiny Vocos: kernel-7 embedding (3), one
+    # kernel-7 block (3). At full size (12 decoder, 8 Vocos blocks) the same probe on the
+    # exported graphs gives 75 and 27 frames: a lookahead of 52 codes (1.1 s of audio).
+    assert model.reach == (Reach(9, 9), Reach(6, 6))
+    assert model.stream_decoder().lookahead_codes == (15 * 256 + 512) / 512
+
+
+@pytest.mark.parametrize("length", [1, 2, 8, 9, 10, 31, 100, 160])
+@pytest.mark.parametrize("every", [1, 7, 16, 64])
+def test_streamed_decode_equals_one_shot(
+    model: ChatTTSOnnxModel, hiddens: npt.NDArray[np.float32], length: int, every: int
+) -> None:
+    states = hiddens[:length]
+    whole = model.decode(states)
+    streamed = np.concatenate(_stream(model, states, every))
+    assert streamed.dtype == np.float32
+    assert streamed.size == whole.size == 256 * (2 * length - 1)
+    assert np.abs(streamed - whole).max() <= PARITY
+
+
+def test_random_states_and_uneven_pushes(model: ChatTTSOnnxModel) -> None:
+    rng = np.random.default_rng(7)
+    states = rng.normal(0.0, 2.0, size=(97, model.hidden_size)).astype(np.float32)
+    decoder = model.stream_decoder()
+    pieces = []
+    for count in (3, 4, 12, 13, 30, 31, 32, 60, 96):
+        piece = decoder.push(states[:count])
+        pieces.append(piece)
+        # What `ready` promised is what came out, in all.
+        assert sum(p.size for p in pieces) == decoder.ready(count)
+    pieces.append(decoder.push(states, final=True))
+    whole = model.decode(states)
+    assert np.abs(np.concatenate(pieces) - whole).max() <= PARITY
+
+
+def test_pieces_are_final_and_decoding_stays_linear(
+    model: ChatTTSOnnxModel, hiddens: npt.NDArray[np.float32], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    whole = model.decode(hiddens)
+    decoded: list[int] = []
+    real = model.run_decoder
+
+    def counting(hidden: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+        decoded.append(hidden.shape[2])
+        return real(hidden)
+
+    monkeypatch.setattr(model, "run_decoder", counting)
+    decoder = model.stream_decoder()
+    done = 0
+    for count in range(8, hiddens.shape[0], 8):
+        piece = decoder.push(hiddens[:count])
+        # Each piece is already the one-shot audio at its place: no later code changes it.
+        assert np.abs(piece - whole[done : done + piece.size]).max(initial=0.0) <= PARITY
+        done += piece.size
+    assert 0 < done < whole.size
+    tail = decoder.push(hiddens, final=True)
+    assert np.abs(tail - whole[done:]).max() <= PARITY
+    # Each window is the new codes plus the decoder's context, never the whole prefix.
+    context = (9 + 9) // 2 + 2
+    assert max(decoded) <= 8 + context
+    assert sum(decoded) <= hiddens.shape[0] + len(decoded) * context
+
+
+# -- the engine ---------------------------------------------------------------------------------
+
+
+def test_engine_yields_audio_before_the_sentence_is_generated(export: Path) -> None:
+    engine = ChatTTSOnnxEngine(export, precision="int8", threads=THREADS)
+    options = ChatTTSOptions(seed=5)
+    chunks: list[npt.NDArray[np.float32]] = []
+    steps_at_first = None
+    for chunk in engine.synthesize_stream(TEXT, None, options):
+        if chunk.size and steps_at_first is None:
+            assert engine._loaded is not None  # white-box: the live step count of the loop
+            steps_at_first = engine._loaded.model.times.steps
+        chunks.append(chunk)
+    assert engine._loaded is not None
+    total_steps = engine._loaded.model.times.steps
+    pieces = [c for c in chunks if c.size]
+    assert len(pieces) >= 3, [c.size for c in chunks]
+    # The first piece came after its 16 codes plus the tiny model's lookahead, long before the
+    # generation ended (the tiny model never picks EOS: it runs to its token budget).
+    assert steps_at_first is not None and steps_at_first <= 16 + 9 < total_steps / 4
+    assert pieces[0].size >= 16 * SAMPLES_PER_CODE - 64  # a few samples may be filtered out
+    # Every piece but the last is followed at once by an empty chunk ("more follows").
+    assert chunks[-1].size > 0
+    for before, after in itertools.pairwise(chunks):
+        if before.size:
+            assert after.size == 0
+    streamed = np.concatenate(pieces)
+    assert np.isfinite(streamed).all() and np.abs(streamed).max() <= 1.0
+    # The same codes decoded in one go and filtered the same way (`synthesize`) agree.
+    (whole,) = engine.synthesize(TEXT, None, options)
+    assert streamed.size == whole.size
+    assert np.abs(streamed - whole).max() <= PARITY
+    # Deterministic for a seed, piece by piece.
+    again = [c for c in engine.synthesize_stream(TEXT, None, options) if c.size]
+    assert [a.size for a in again] == [p.size for p in pieces]
+    assert all(np.array_equal(a, p) for a, p in zip(again, pieces, strict=True))
+    engine.unload()
+
+
+def test_silence_filter_is_sample_by_sample() -> None:
+    wave = np.array([0.5, 1e-6, -2.0, 0.0, -1e-5, 3e-5, 1.5], dtype=np.float32)
+    expected = np.array([0.5, -1.0, 3e-5, 1.0], dtype=np.float32)
+    assert np.array_equal(audible(wave), expected)
+    assert np.array_equal(np.concatenate([audible(wave[:3]), audible(wave[3:])]), expected)
+
+
+def test_engine_streams_every_generation_of_a_long_text(export: Path) -> None:
+    engine = ChatTTSOnnxEngine(export, precision="fp32", threads=THREADS)
+    # Longer than one generation holds: split in two, each streamed; an empty chunk after the
+    # first generation's last piece too, since the second follows.
+    text = " ".join(["the washing machine has finished and the dryer is running"] * 7) + "."
+    chunks = list(engine.synthesize_stream(text, None, SynthesisOptions()))
+    assert chunks[-1].size > 0
+    assert all(a.size == 0 for b, a in itertools.pairwise(chunks) if b.size)
+    assert sum(1 for c in chunks if c.size) >= 6
+    engine.unload()
+
+
+# -- over MQTT ----------------------------------------------------------------------------------
+
+
+def _ask(probe: MqttProbe, target: str, payload: dict[str, Any]) -> tuple[dict[str, Any], int]:
+    since = probe.mark()
+    probe.publish(f"{BASE}/say/{target}", json.dumps(payload))
+    answer = probe.wait_for(
+        lambda m: m.topic == RESPONSE and m.json()["id"] == payload["id"], WAIT_S, since=since
+    )
+    body: dict[str, Any] = answer.json()
+    assert body["status"] == "ok", body
+    return body, since
+
+
+def _pcm(payload: bytes) -> npt.NDArray[np.int16]:
+    data, _ = soundfile.read(io.BytesIO(payload), dtype="int16")
+    return np.asarray(data, dtype=np.int16)
+
+
+def _stream_messages(probe: MqttProbe, target: str, since: int) -> list[ReceivedMessage]:
+    return [m for m in probe.messages[since:] if m.topic == f"{BASE}/audio/{target}/stream"]
+
+
+def _whole(probe: MqttProbe, target: str, since: int) -> npt.NDArray[np.int16]:
+    (message,) = [m for m in probe.messages[since:] if m.topic == f"{BASE}/audio/{target}"]
+    return _pcm(message.payload)
+
+
+@pytest.fixture
+def bridge(
+    export: Path, bridge_factory: BridgeFactory, probe_factory: ProbeFactory
+) -> Iterator[MqttProbe]:
+    """A bridge with a chattts-onnx voice on the tiny export, and a probe on every topic."""
+    running = bridge_factory(
+        voices={"door": {"engine": "chattts-onnx", "model": str(export), "precision": "int8"}},
+        default_voice="door",
+        synthesis={"onnx_threads": THREADS},
+        scheduler={"idle_enabled": False},
+    )
+    probe = probe_factory(f"{BASE}/#")
+    probe.diagnostics = running.log_tail
+    yield probe
+
+
+@pytest.mark.slow
+def test_one_sentence_streams_in_pieces_over_mqtt(bridge: MqttProbe) -> None:
+    request = {"text": TEXT, "voice": "door", "cache": False, "options": {"seed": 11}}
+    streamed, since = _ask(bridge, "hall", {**request, "id": "s", "stream": True})
+    assert streamed["data"]["stream"] is True and streamed["data"]["engine"] == "chattts-onnx"
+    messages = _stream_messages(bridge, "hall", since)
+    props = [m.user_properties for m in messages]
+    assert len(messages) >= 3, props
+    assert [p["seq"] for p in props] == [str(i) for i in range(len(messages))]
+    assert {p["sentence"] for p in props} == {"0"}
+    assert [p["last"] for p in props] == ["false"] * (len(messages) - 1) + ["true"]
+    assert all(p["id"] == "s" and p["cached"] == "false" for p in props)
+    assert all(m.payload[:4] == b"RIFF" for m in messages)
+    # Pieces went out while the sentence was still being generated.
+    assert messages[-1].received_at > messages[0].received_at
+    # The same request without streaming (same seed, nothing cached; decoded in one go): the
+    # same audio, up to a sample rounded the other way where the decodes differ by ~1e-7.
+    _, since = _ask(bridge, "hall", {**request, "id": "w"})
+    whole = _whole(bridge, "hall", since)
+    joined = np.concatenate([_pcm(m.payload) for m in messages])
+    assert joined.size == whole.size
+    assert np.abs(joined.astype(np.int32) - whole).max() <= 1
+
+
+@pytest.mark.slow
+def test_sentences_pause_and_cached_sentences_over_mqtt(bridge: MqttProbe) -> None:
+    text = "Dinner is ready. The front door is open."
+    # Cache the second sentence first: it then goes out whole, as one message.
+    _ask(bridge, "hall", {"text": "The front door is open.", "voice": "door", "id": "c"})
+    body, since = _ask(bridge, "hall", {"text": text, "voice": "door", "id": "m", "stream": True})
+    assert body["data"]["cached_sentences"] == 1
+    messages = _stream_messages(bridge, "hall", since)
+    props = [m.user_properties for m in messages]
+    sentences = [p["sentence"] for p in props]
+    assert sentences == sorted(sentences) and sentences[-1] == "1" and sentences.count("1") == 1
+    assert sentences.count("0") >= 3, props
+    assert [p["seq"] for p in props] == [str(i) for i in range(len(messages))]
+    assert [p["cached"] for p in props] == ["false"] * (len(messages) - 1) + ["true"]
+    assert [p["last"] for p in props] == ["false"] * (len(messages) - 1) + ["true"]
+    # The second sentence starts with the sentence pause (250 ms): joined, the messages are
+    # the one-WAV answer, which now comes from the cache.
+    assert not _pcm(messages[-1].payload)[: 24_000 * 250 // 1000].any()
+    _, since = _ask(bridge, "hall", {"text": text, "voice": "door", "id": "again"})
+    joined = np.concatenate([_pcm(m.payload) for m in messages])
+    assert np.array_equal(joined, _whole(bridge, "hall", since))
+
+
+@pytest.mark.slow
+def test_piper_still_sends_one_message_per_sentence(
+    bridge_factory: BridgeFactory, probe_factory: ProbeFactory
+) -> None:
+    running = bridge_factory(scheduler={"idle_enabled": False})
+    probe = probe_factory(f"{BASE}/#")
+    probe.diagnostics = running.log_tail
+    text = "The mail has arrived. The kettle is boiling. Good night."
+    _, since = _ask(probe, "den", {"text": text, "id": "p", "stream": True})
+    messages = _stream_messages(probe, "den", since)
+    props = [m.user_properties for m in messages]
+    assert [(p["seq"], p["sentence"], p["last"], p["cached"]) for p in props] == [
+        ("0", "0", "false", "false"),
+        ("1", "1", "false", "false"),
+        ("2", "2", "true", "false"),
+    ]
+    # Piper's audio varies from run to run: the one-WAV answer comes from the cache the
+    # streamed request filled, and equals the messages joined (pauses included).
+    joined = np.concatenate([_pcm(m.payload) for m in messages])
+    _, since = _ask(probe, "den", {"text": text, "id": "q"})
+    assert np.array_equal(joined, _whole(probe, "den", since))
