@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import socket
 import statistics
 import subprocess
@@ -24,7 +23,7 @@ from typing import IO, Any
 import yaml
 
 from tts_bridge import __version__
-from tts_bridge.benchutil import machine_info
+from tts_bridge.benchutil import machine_info, peak_rss_mb
 from tts_bridge.benchutil import table as _table
 from tts_bridge.config import Settings
 from tts_bridge.engines.base import SynthesisOptions
@@ -40,15 +39,11 @@ BENCH_SENTENCES = (
 ROUNDS = 3
 
 
-def _peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
-
-
 def measure_engine(settings: Settings, voice_name: str) -> dict[str, Any]:
     """Runs inside a child process: load, warm up, then time every bench sentence ROUNDS times."""
     from tts_bridge.engines.registry import EnginePool
 
-    rss_start = _peak_rss_mb()
+    rss_start = peak_rss_mb()
     voice = EnginePool(settings).voice(voice_name)
     started = time.perf_counter()
     voice.engine.load()
@@ -74,7 +69,7 @@ def measure_engine(settings: Settings, voice_name: str) -> dict[str, Any]:
         "x_realtime": round(audio_s / synth_s, 1),
         "sentence_ms_p50": round(statistics.median(per_sentence), 1),
         "audio_s": round(audio_s, 2),
-        "peak_rss_mb": round(_peak_rss_mb(), 1),
+        "peak_rss_mb": round(peak_rss_mb(), 1),
         "rss_before_load_mb": round(rss_start, 1),
     }
 
