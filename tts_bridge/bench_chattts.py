@@ -429,6 +429,7 @@ def measure_torch(spec: dict[str, Any]) -> dict[str, Any]:
     logging.getLogger("tts_bridge.engines.chattts_torch.chattts").setLevel(logging.ERROR)
 
     quantize_s = 0.0
+    quantized_linears = 0
     if precision == "int8":
         import torch
 
@@ -438,6 +439,10 @@ def measure_torch(spec: dict[str, Any]) -> dict[str, Any]:
             chat.gpt.gpt, {torch.nn.Linear}, dtype=torch.qint8, inplace=True
         )
         quantize_s = time.perf_counter() - started
+        quantized_linears = sum(
+            type(m).__module__.startswith("torch.ao.nn.quantized.dynamic")
+            for m in chat.gpt.gpt.modules()
+        )
         # Hand the heap freed by the swap back to the OS (as the engine does on unload). The
         # FP32 weights themselves stay mapped from model.safetensors (clean file pages that
         # the kernel can reclaim, but RSS counts them) while any GPT tensor still uses it.
@@ -472,6 +477,7 @@ def measure_torch(spec: dict[str, Any]) -> dict[str, Any]:
         first_audio=first_audio,
         extra={
             "quantize_s": round(quantize_s, 2),
+            "quantized_linears": quantized_linears,
             "samples_per_text": samples,
             "rss_loaded_mb": round(rss_loaded, 1),
             "rss_ready_mb": round(rss_ready, 1),
