@@ -237,6 +237,7 @@ class Bridge:
             "background_pending": self.idle.pending(),
             "background_running": self._scheduler.background_running,
             "background_done": dict(self.idle.done),
+            "background_interrupted": self.idle.interrupted,
             "estimated_backlog_s": round(self._scheduler.backlog_s(), 3),
             "answers": answers,
             "cache_hit_rate": cache["hit_rate"],

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Literal
 
 from tts_bridge.config import Settings
-from tts_bridge.engines.base import SynthesisOptions
+from tts_bridge.engines.base import SynthesisInterruptedError, SynthesisOptions
 from tts_bridge.engines.chattts_torch import expected_seconds
 from tts_bridge.engines.registry import UnknownVoiceError, Voice
 from tts_bridge.synthesis import RequestError, Synthesizer, prepare_text
@@ -84,6 +84,8 @@ class IdleWork:
         self._seen: OrderedDict[tuple[str, str], deque[float]] = OrderedDict()
         self._learned: deque[IdleItem] = deque()
         self.done: dict[Kind, int] = {"prerender": 0, "upgrade": 0, "phrase": 0, "learned": 0}
+        self.interrupted = 0
+        """Background tasks stopped because live work arrived (their sentences stay queued)."""
         self._alone: set[tuple[str, str]] = set()  # failed in a batch: retried on their own
 
     def _items(self, texts: Iterable[str], voice: str, kind: Kind) -> list[IdleItem]:
@@ -241,14 +243,25 @@ class IdleWork:
 
     def _render(self, item: IdleItem) -> None:
         voice = self._synth.engines.voice(item.voice)
+        started = time.perf_counter()
         try:
             self._synth.sentence(voice, 0, item.sentence, self._synth.options_for(voice), True)
             self.done[item.kind] += 1
             _LOGGER.info("Idle: %s %s in %s", item.kind, short(item.sentence), voice.name)
+        except SynthesisInterruptedError:
+            self._gave_way(1, started)
+            return  # still queued: rendered again at the next idle moment
         except Exception as exc:  # one bad sentence must not stall the idle queue
             _LOGGER.warning("Idle %s of %s failed: %s", item.kind, short(item.sentence), exc)
-        finally:
-            self._finish(item)
+        self._finish(item)
+
+    def _gave_way(self, sentences: int, started: float) -> None:
+        self.interrupted += 1
+        _LOGGER.info(
+            "Idle: gave way to live work after %.1f s (%d sentence(s) stay queued)",
+            time.perf_counter() - started,
+            sentences,
+        )
 
     def _render_batch(self, items: list[IdleItem]) -> None:
         """Several sentences of one voice in one `synthesize_batch` call (see the module doc)."""
@@ -257,6 +270,9 @@ class IdleWork:
             voice = self._synth.engines.voice(items[0].voice)
             options = self._synth.options_for(voice)
             self._synth.sentences_batch(voice, [item.sentence for item in items], options)
+        except SynthesisInterruptedError:
+            self._gave_way(len(items), started)
+            return  # still queued (the ones cached before the interruption are skipped later)
         except Exception as exc:  # not one item's fault for certain: each is retried alone
             _LOGGER.warning(
                 "Idle batch of %d failed (%s); rendering them one at a time", len(items), exc

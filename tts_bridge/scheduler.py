@@ -10,7 +10,9 @@
   `idle_delay_s` old and other processes use at most `idle_max_load` cores.
 - Both kinds share `concurrency` synthesis slots. A live job that arrives during a background
   task waits for that one task at most: the background thread gives its slot up to any
-  waiting live job before starting the next one.
+  waiting live job before starting the next one. Engines that generate step by step (ChatTTS
+  on ONNX or torch) stop a background task within one step instead (`interruptible`): the
+  task leaves its sentences queued and they are rendered again at the next idle moment.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 import psutil
+
+from tts_bridge.engines.base import SynthesisInterruptedError, interruptible
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -215,6 +219,10 @@ class Scheduler:
                 return False
         return self._others.busy_cores() <= self._idle_max_load
 
+    def _live_pending(self) -> bool:
+        # Polled between generation steps: no lock (a stale answer costs one step at most).
+        return self._live_waiting > 0 or not self._live.empty()
+
     def _lower_priority(self) -> None:
         # Linux niceness is per thread: only this thread (and threads it starts) is lowered.
         try:
@@ -253,8 +261,13 @@ class Scheduler:
             return
         self.background_running = True
         try:
-            task()
+            # An engine that generates step by step stops within a step when a live job
+            # arrives (the task then leaves its work queued for the next idle moment).
+            with interruptible(self._live_pending):
+                task()
             self.background_done += 1
+        except SynthesisInterruptedError:
+            _LOGGER.debug("Background task gave way to live work")
         except Exception:
             _LOGGER.exception("Background task failed")
         finally:

@@ -9,7 +9,9 @@ never pulls in a heavy runtime.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Literal, Protocol, runtime_checkable
 
@@ -33,6 +35,42 @@ class SynthesisOptions:
 
 class EngineError(Exception):
     """An engine cannot load or synthesize; the message is safe to show to a user."""
+
+
+class SynthesisInterruptedError(EngineError):
+    """Background synthesis gave way to live work (see ``interruptible``); nothing is wrong."""
+
+
+_INTERRUPT = threading.local()
+
+
+@contextlib.contextmanager
+def interruptible(should_stop: Callable[[], bool]) -> Iterator[None]:
+    """Let engines stop the synthesis running on this thread when ``should_stop()`` is true.
+
+    The scheduler wraps background tasks in this: a ChatTTS generation can run for tens of
+    seconds, and a live request arriving meanwhile would otherwise wait for all of it. Engines
+    that generate step by step call ``check_interrupt`` between steps; the check is per thread,
+    so live synthesis on the worker threads is never interrupted.
+    """
+    previous = getattr(_INTERRUPT, "check", None)
+    _INTERRUPT.check = should_stop
+    try:
+        yield
+    finally:
+        _INTERRUPT.check = previous
+
+
+def interrupt_requested() -> bool:
+    """True when this thread's synthesis should give way now (see ``interruptible``)."""
+    check: Callable[[], bool] | None = getattr(_INTERRUPT, "check", None)
+    return check is not None and check()
+
+
+def check_interrupt() -> None:
+    """Raise SynthesisInterruptedError if this thread's synthesis should give way now."""
+    if interrupt_requested():
+        raise SynthesisInterruptedError("background synthesis gave way to live work")
 
 
 @runtime_checkable

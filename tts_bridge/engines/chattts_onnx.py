@@ -42,7 +42,13 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 import numpy.typing as npt
 
-from tts_bridge.engines.base import EngineError, FloatAudio, SynthesisOptions, Tier
+from tts_bridge.engines.base import (
+    EngineError,
+    FloatAudio,
+    SynthesisOptions,
+    Tier,
+    check_interrupt,
+)
 from tts_bridge.engines.chattts_torch import (
     DEFAULT_SPEAKER_SEED,
     ChatTTSOptions,
@@ -587,6 +593,7 @@ class ChatTTSOnnxModel:
         finished = np.zeros(batch, dtype=bool)
         times = self.times = StepTimes()  # live: a streaming caller may read it mid-loop
         for step in range(params.max_new_token):
+            check_interrupt()  # background work gives way to a live request within one step
             started = time.perf_counter()
             logits, hidden = self._step(embeds, mask, positions, cache)
             between = time.perf_counter()
@@ -1266,6 +1273,8 @@ class ChatTTSOnnxEngine:
                 prompt = model.encode(prompts, speaker or loaded.default_speaker)
                 results = model.generate(prompt, params, chosen.seed, budgets)
                 audio = [model.decode(r.hiddens) for r in results]
+            except EngineError:
+                raise  # SynthesisInterruptedError among them: not a failure
             except Exception as exc:  # onnxruntime's errors have no common public base class
                 raise EngineError(f"ChatTTS ONNX failed on {short(spoken[0])}: {exc}") from exc
         for index, wave in zip(wanted, audio, strict=True):

@@ -50,7 +50,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from tts_bridge.engines.base import EngineError
+from tts_bridge.engines.base import EngineError, check_interrupt
 from tts_bridge.engines.chattts_onnx import (
     EMB_TEXT_FILE,
     HEAD_TEXT_FILE,
@@ -232,6 +232,7 @@ class TextRefiner:
         lengths = np.zeros(batch, dtype=np.int64)
         finished = row_budget <= 0
         for step in range(params.max_new_token):
+            check_interrupt()
             _code_logits, hidden = model.step(embeds, mask, positions, cache)
             (logits,) = self._head.run(None, {"hidden": np.ascontiguousarray(hidden)})
             picked = sampler(np.asarray(logits, dtype=np.float32), tokens[:, :step], step)

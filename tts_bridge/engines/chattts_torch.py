@@ -35,7 +35,14 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from tts_bridge.engines.base import EngineError, FloatAudio, SynthesisOptions, Tier
+from tts_bridge.engines.base import (
+    EngineError,
+    FloatAudio,
+    SynthesisOptions,
+    Tier,
+    check_interrupt,
+    interrupt_requested,
+)
 from tts_bridge.models import sha256_file
 from tts_bridge.text.sentences import is_speakable, split_sentences
 from tts_bridge.textlog import short
@@ -753,6 +760,9 @@ class ChatTTSEngine:
             raise EngineError(f"ChatTTS could not load {self._folder}: {exc}") from exc
         if not ok:
             raise EngineError(f"ChatTTS refused to load {self._folder}; see its log above")
+        # ChatTTS's GPT loop polls chat.context between steps (Chat.interrupt sets it): ours
+        # asks the calling thread's interrupt check, so background work gives way to live work.
+        chat.context = _InterruptFlag()
         # Compile the text normalizer's numba kernels now, not inside the first request.
         chat.normalizer("warm up 预热", True, True, None)
         default_speaker = self._default_speaker or sample_spk_emb(stats, DEFAULT_SPEAKER_SEED)
@@ -872,6 +882,8 @@ class ChatTTSEngine:
                 )
             except (RuntimeError, ValueError, IndexError, AssertionError) as exc:
                 raise EngineError(f"ChatTTS failed on {short(text)}: {exc}") from exc
+        # An interrupted generation returns what it had so far: never cache that.
+        check_interrupt()
         audio = np.asarray(wavs[0], dtype=np.float32).reshape(-1)
         return np.clip(audio, -1.0, 1.0)
 
@@ -991,3 +1003,15 @@ def _release_freed_heap() -> None:
         libc.malloc_trim(0)
     except (OSError, AttributeError):
         _LOGGER.debug("malloc_trim unavailable; freed memory stays with the allocator")
+
+
+class _InterruptFlag:
+    """Stands in for ChatTTS's ``GPT.Context``: ``get`` is true when the synthesizing thread
+    should give way (``tts_bridge.engines.base.interruptible``); ChatTTS's own ``set`` calls
+    (it clears the flag at the start of every ``infer``) change nothing."""
+
+    def set(self, value: bool) -> None:
+        pass
+
+    def get(self) -> bool:
+        return interrupt_requested()
