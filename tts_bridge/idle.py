@@ -12,8 +12,12 @@ cache). Sources, first to last:
 Batching: for an engine with `synthesize_batch` (ChatTTS ONNX), the first sentence waiting takes
 up to `idle_batch_size - 1` uncached sentences of the same voice from the same source along, and
 they are rendered in one call (several texts in one code loop use the cores better than one).
-A batch is one uninterruptible unit for the scheduler, so it also holds at most
-`BATCH_MAX_AUDIO_S` of expected speech; a longer sentence is rendered alone, as before.
+A batch holds at most `BATCH_MAX_AUDIO_S` of expected speech; a longer sentence is rendered
+alone, as before.
+
+Interruption: a task whose engine stops for live work (`SynthesisInterruptedError`, see
+`tts_bridge.engines.base.interruptible`) leaves its sentences queued; the next idle moment
+renders them again from the start (a batch whole, which is another reason to keep it short).
 """
 
 from __future__ import annotations
@@ -41,10 +45,8 @@ Kind = Literal["prerender", "upgrade", "phrase", "learned"]
 
 BATCH_MAX_AUDIO_S = 10.0
 """Expected speech in one idle batch, in total (ChatTTS's estimate: 0.4 s per English word,
-0.26 s per Chinese character, slower speeds longer). A live request arriving meanwhile waits
-for the batch: about as long as its longest sentence alone takes, times the batch's slower
-step; at worst, when no text ends early, that sentence's token budget (2 x 10 s + 2 s of
-audio tokens, 1032 steps)."""
+0.26 s per Chinese character, slower speeds longer). Live work interrupts a batch within a
+step, but the batch then starts over: the bound keeps the work that can be lost small."""
 BATCH_WINDOW = 8
 """How far (times the batch size) down the queue batch-mates are looked for."""
 
