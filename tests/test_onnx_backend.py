@@ -204,6 +204,9 @@ def test_tampered_graph_falls_back_to_torch_under_torch_cache_keys(
     pool = EnginePool(settings)
     onnx_voice = pool.voice("xiaoyu")
     assert onnx_voice.backend == "onnx"  # chosen by the manifests; the graphs load later
+    changes: list[str] = []
+    # The bridge republishes its retained bridge/info through this hook.
+    pool.on_change = lambda: changes.append(pool.voice("xiaoyu").backend or "")
     synth = Synthesizer(settings, pool, SentenceCache(settings.cache))
     try:
         options = synth.options_for(onnx_voice)
@@ -211,6 +214,7 @@ def test_tampered_graph_falls_back_to_torch_under_torch_cache_keys(
             piece = synth.sentence(onnx_voice, 0, TEXT, options, True)
         assert piece.pcm.size > 0 and not piece.cached
         assert "gpt.onnx" in caplog.text and "fall back to torch" in caplog.text
+        assert changes == ["torch"]  # told once, after the switch
 
         torch_voice = pool.voice("xiaoyu")
         assert (torch_voice.backend, torch_voice.engine.name) == ("torch", "chattts")

@@ -105,6 +105,8 @@ class Bridge:
     ) -> None:
         self._settings = settings
         self._synth = synthesizer
+        # bridge/info is retained: a voice that fell back to torch must not stay listed as ONNX.
+        synthesizer.engines.on_change = self._publish_info
         self.topics = Topics(settings.mqtt.base_topic)
         sched = settings.scheduler
         self.idle = IdleWork(settings, synthesizer)
@@ -203,6 +205,7 @@ class Bridge:
             "voices": {
                 v.name: {
                     "engine": v.engine.name,
+                    "backend": v.backend,
                     "tier": v.engine.tier,
                     "fast_voice": v.settings.fast_voice,
                     "languages": sorted(v.engine.languages),

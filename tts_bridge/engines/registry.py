@@ -266,6 +266,8 @@ class EnginePool:
         self._exports: list[OnnxExport] | None = None
         self._fallbacks: dict[int, _Fallback] = {}
         self._unverified: dict[str, str] = {}
+        self.on_change: Callable[[], None] | None = None
+        """Called after the voices changed while running (a backend fell back to torch)."""
         for name, voice in settings.voices.items():
             model = voice.model
             if model is not None and not model.is_absolute():
@@ -536,6 +538,11 @@ class EnginePool:
             reason,
             names,
         )
+        if self.on_change is not None:
+            try:
+                self.on_change()
+            except Exception:  # telling others must not turn a fallback into a failure
+                _LOGGER.exception("Reporting the fallback failed")
         raise BackendFallbackError(fallback.failed) from exc
 
     def _unload(self, engine: Engine) -> None:
