@@ -9,20 +9,24 @@ import datetime
 import ipaddress
 import json
 import subprocess
+import threading
 import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import psutil
 import pytest
 from conftest import BridgeFactory, MqttProbe, ProbeFactory, RunningBridge
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tts_bridge.audio import encode_wav
 from tts_bridge.config import MqttSettings, TlsSettings
 from tts_bridge.doctor import check_broker
 from tts_bridge.localbroker import LocalBroker
+from tts_bridge.player import EXIT_OK, run_player
 
 BASE = "tts_bridge"
 RESPONSE = f"{BASE}/bridge/response/say"
@@ -309,6 +313,43 @@ def _make_ca(directory: Path) -> tuple[Path, Path, Path]:
     return paths
 
 
+def _player_over_tls(tmp_path: Path, tls_settings: MqttSettings, ca: Path) -> None:
+    """`tts-bridge play` connects with the TLS settings and saves what a target receives."""
+    out_dir = tmp_path / "heard"
+    ready, results = threading.Event(), []
+    player = threading.Thread(
+        target=lambda: results.append(
+            run_player(
+                tls_settings.host,
+                tls_settings.port,
+                "tts_bridge",
+                "kitchen",
+                out_dir,
+                tls=tls_settings,
+                count=1,
+                ready=ready,
+            )
+        ),
+        daemon=True,
+    )
+    player.start()
+    assert ready.wait(WAIT_S), "the player did not subscribe over TLS"
+    wav = encode_wav(np.zeros(800, dtype="<i2"), 16_000)
+    subprocess.run(
+        [
+            "mosquitto_pub",
+            *("-h", tls_settings.host, "-p", str(tls_settings.port), "--cafile", str(ca)),
+            *("-t", "tts_bridge/audio/kitchen", "-s"),
+        ],
+        input=wav,
+        check=True,
+        timeout=30,
+    )
+    player.join(WAIT_S)
+    assert results == [EXIT_OK]
+    assert [f.read_bytes() for f in out_dir.iterdir()] == [wav]
+
+
 def test_tls_with_a_generated_ca(tmp_path: Path, bridge_factory: BridgeFactory) -> None:
     ca, cert, key = _make_ca(tmp_path)
     tls_lines = [f"cafile {ca}", f"certfile {cert}", f"keyfile {key}"]
@@ -330,6 +371,8 @@ def test_tls_with_a_generated_ca(tmp_path: Path, bridge_factory: BridgeFactory) 
         )
         result = check_broker(tls_settings)
         assert result.status == "PASS" and "mqtts://" in result.detail, result
+        # and so does `tts-bridge play`
+        _player_over_tls(tmp_path, tls_settings, ca)
         (tmp_path / "other").mkdir()
         other_ca, _, _ = _make_ca(tmp_path / "other")
         wrong = bridge_factory(

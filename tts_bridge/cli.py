@@ -173,6 +173,7 @@ def cmd_play(args: argparse.Namespace, settings: Settings) -> int:
         args.out,
         username=mqtt.username,
         password=mqtt.password,
+        tls=mqtt if mqtt.tls.enabled else None,
         count=args.count,
     )
 

@@ -31,6 +31,9 @@ from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
+from tts_bridge.config import MqttSettings
+from tts_bridge.mqtt.client import configure_tls
+
 _LOGGER = logging.getLogger(__name__)
 
 EXIT_OK = 0
@@ -142,6 +145,7 @@ def run_player(
     *,
     username: str | None = None,
     password: str | None = None,
+    tls: MqttSettings | None = None,
     count: int | None = None,
     stop: threading.Event | None = None,
     ready: threading.Event | None = None,
@@ -150,7 +154,8 @@ def run_player(
 
     ``target`` ``+`` listens to every target. ``stop`` ends the loop from another thread;
     ``ready`` is set once the broker has confirmed the subscriptions (nothing published before
-    that reaches this player, as audio is not retained). Returns a process exit status.
+    that reaches this player, as audio is not retained). ``tls``: connect with these settings'
+    TLS section (the bridge's own `mqtt.tls`). Returns a process exit status.
     """
     if not _TARGET_RE.match(target):
         _LOGGER.error("Invalid target %r: use 1-64 letters, digits, '_' or '-' (or '+')", target)
@@ -165,7 +170,9 @@ def run_player(
     player, doing = output
 
     topics = [f"{base_topic}/audio/{target}", f"{base_topic}/audio/{target}/stream"]
-    session = _Session(host, port, topics, username=username, password=password, ready=ready)
+    session = _Session(
+        host, port, topics, username=username, password=password, tls=tls, ready=ready
+    )
     handled = 0
     # Everything from the first connection attempt on is inside the try: Ctrl-C while the
     # broker is slow to answer is as ordinary as Ctrl-C while waiting for audio.
@@ -248,6 +255,7 @@ class _Session:
         *,
         username: str | None,
         password: str | None,
+        tls: MqttSettings | None = None,
         ready: threading.Event | None,
     ) -> None:
         self.host = host
@@ -264,6 +272,8 @@ class _Session:
         )
         if username is not None:
             self._client.username_pw_set(username, password)
+        if tls is not None:
+            configure_tls(self._client, tls)
         self._client.on_connect = self._on_connect
         self._client.on_disconnect = self._on_disconnect
         self._client.on_subscribe = self._on_subscribe
