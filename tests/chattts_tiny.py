@@ -23,18 +23,33 @@ where ``spk_stat`` is the same encoding ChatTTS's ``Config.spk_stat`` uses: base
 float16 array ``[std (H values), mean (H values)]``.
 
 Run as a script to write one: ``python tests/chattts_tiny.py DEST``.
+
+The ChatTTS tests share their set-up through this module too: the ``NEEDS_CHATTTS_ONNX`` skip
+marker, ``tiny_hashes`` (the expected hashes of a checkpoint's files), ``export_tiny`` (the real
+exporter, optionally with INT8 quantization), ``chattts_reference`` (ChatTTS itself on a
+checkpoint) and ``run_torch_free`` (a snippet in a fresh interpreter, with a report of the heavy
+modules it imported).
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
+import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
+
+from tts_bridge.engines.chattts_torch import CHECKPOINT_FILES, SPK_STAT_FILE, ChatTTSEngine
+from tts_bridge.models import sha256_file
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
 
 # ChatTTS 0.2.5 hard-wires these (EOS is code 625 and the DVAE quantizer has 5**4 = 625 codes).
 NUM_VQ = 4
@@ -111,6 +126,75 @@ def make_tiny_checkpoint(
         _write_vocos(asset / "Vocos.safetensors")
     _write_spk_stat(asset / "spk_stat.json", hidden_size, seed)
     return dest
+
+
+# -- shared test set-up -------------------------------------------------------------------------
+
+NEEDS_CHATTTS_ONNX = pytest.mark.skipif(
+    importlib.util.find_spec("ChatTTS") is None
+    or importlib.util.find_spec("onnx") is None
+    or importlib.util.find_spec("onnxruntime") is None,
+    reason="needs the 'chattts' extra plus onnx (the exporter) and onnxruntime",
+)
+
+HEAVY_MODULES = ("torch", "torchaudio", "transformers", "ChatTTS", "vocos", "numba", "onnx")
+"""Top-level packages the ONNX engine must run without."""
+
+_REPORT_HEAVY = f"""
+import json as _json, sys as _sys
+_heavy = sorted(n for n in _sys.modules if n.split(".")[0] in {HEAVY_MODULES!r})
+print(_json.dumps({{**report, "heavy": _heavy}}))
+"""
+
+
+def tiny_hashes(checkpoint: Path) -> dict[str, str]:
+    """The sha256 of every file ChatTTS loads from ``checkpoint`` (the expected hashes)."""
+    return {rel: sha256_file(checkpoint / rel) for rel in (*CHECKPOINT_FILES, SPK_STAT_FILE)}
+
+
+def export_tiny(checkpoint: Path, dest: Path, *, quantize: bool = False) -> Path:
+    """Export ``checkpoint`` to ONNX under ``dest`` with the real exporter (its hashes checked),
+    then add the INT8 variant if ``quantize``; returns ``dest``."""
+    from tts_bridge.export.chattts_onnx import export_chattts
+
+    export_chattts(checkpoint, dest, expected_sha256=tiny_hashes(checkpoint))
+    if quantize:
+        from tts_bridge.export.quantize import quantize_onnx
+
+        quantize_onnx(dest)
+    return dest
+
+
+def chattts_reference(checkpoint: Path, threads: int) -> Iterator[Any]:
+    """Yield ChatTTS's own ``Chat`` (torch) loaded from ``checkpoint`` by the torch engine, then
+    unload it: the reference the ONNX code is compared with (``yield from`` it in a fixture)."""
+    engine = ChatTTSEngine(checkpoint, expected_sha256=tiny_hashes(checkpoint), threads=threads)
+    engine.load()
+    yield engine._loaded.chat  # type: ignore[union-attr]  # white-box: ChatTTS's own objects
+    engine.unload()
+
+
+def run_torch_free(code: str, *args: str) -> dict[str, Any]:
+    """Run ``code`` in a fresh interpreter from the repository root, with ``args`` as its
+    ``sys.argv[1:]``; it must succeed and set ``report`` to a JSON-able dict.
+
+    Returns that dict plus ``"heavy"``: the modules of HEAVY_MODULES' packages imported by the
+    end of the run (sorted; empty when the code ran torch-free).
+    """
+    result = subprocess.run(
+        [sys.executable, "-c", code + _REPORT_HEAVY, *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    report: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
+    return report
+
+
+# -- writing the files ----------------------------------------------------------------------------
 
 
 def _save(module_state: dict[str, Any], path: Path) -> None:

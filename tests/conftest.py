@@ -300,6 +300,32 @@ def request_properties(
     return props
 
 
+def bridge_api(
+    probe: MqttProbe,
+    name: str,
+    payload: dict[str, Any] | None = None,
+    *,
+    timeout: float,
+    base: str = BASE_TOPIC,
+) -> dict[str, Any]:
+    """Send ``payload`` to ``<base>/bridge/request/<name>`` with a fresh transaction id; returns
+    the JSON body of the response that carries it (waits up to ``timeout`` s)."""
+    since = probe.mark()
+    transaction = f"t-{since}"
+    probe.publish(
+        f"{base}/bridge/request/{name}", json.dumps({**(payload or {}), "transaction": transaction})
+    )
+
+    def is_answer(m: ReceivedMessage) -> bool:
+        return (
+            m.topic == f"{base}/bridge/response/{name}"
+            and m.json().get("transaction") == transaction
+        )
+
+    body: dict[str, Any] = probe.wait_for(is_answer, timeout, since=since).json()
+    return body
+
+
 ProbeFactory = Callable[..., MqttProbe]
 
 

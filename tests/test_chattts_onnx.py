@@ -8,12 +8,9 @@ within stated tolerances.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,7 +20,15 @@ os.environ["TRANSFORMERS_OFFLINE"] = "1"
 
 import numpy as np
 import pytest
-from chattts_tiny import HIDDEN_SIZE, make_tiny_checkpoint
+from chattts_tiny import (
+    HIDDEN_SIZE,
+    NEEDS_CHATTTS_ONNX,
+    chattts_reference,
+    export_tiny,
+    make_tiny_checkpoint,
+    run_torch_free,
+    tiny_hashes,
+)
 
 from tts_bridge.engines.base import EngineError, SynthesisOptions
 from tts_bridge.engines.chattts_onnx import (
@@ -50,7 +55,6 @@ from tts_bridge.engines.chattts_torch import (
 )
 from tts_bridge.models import sha256_file
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 THREADS = 1
 TEXTS = ["the washing machine has finished", "客厅的灯已经打开了"]
 PARITY_STEPS = 40
@@ -59,12 +63,7 @@ PARITY_STEPS = 40
 # saturation QInt8 suffers without VNNI shows up as errors near 0.4.
 INT8_LOGIT_REL_TOLERANCE = 0.05
 
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("ChatTTS") is None
-    or importlib.util.find_spec("onnx") is None
-    or importlib.util.find_spec("onnxruntime") is None,
-    reason="needs the 'chattts' extra plus onnx (the exporter) and onnxruntime",
-)
+pytestmark = NEEDS_CHATTTS_ONNX
 
 
 # -- fixtures -----------------------------------------------------------------------------------
@@ -78,24 +77,14 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def export(checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny checkpoint exported and quantized (treat as read-only)."""
-    from tts_bridge.export.chattts_onnx import export_chattts
-    from tts_bridge.export.quantize import quantize_onnx
-
     dest = tmp_path_factory.mktemp("chattts-onnx") / "export"
-    hashes = {rel: sha256_file(checkpoint / rel) for rel in (*CHECKPOINT_FILES, SPK_STAT_FILE)}
-    export_chattts(checkpoint, dest, expected_sha256=hashes)
-    quantize_onnx(dest)
-    return dest
+    return export_tiny(checkpoint, dest, quantize=True)
 
 
 @pytest.fixture(scope="module")
 def chat(checkpoint: Path) -> Iterator[Any]:
     """ChatTTS itself (torch) on the same checkpoint: the reference."""
-    hashes = {rel: sha256_file(checkpoint / rel) for rel in (*CHECKPOINT_FILES, SPK_STAT_FILE)}
-    engine = ChatTTSEngine(checkpoint, expected_sha256=hashes, threads=THREADS)
-    engine.load()
-    yield engine._loaded.chat  # type: ignore[union-attr]  # white-box: ChatTTS's own objects
-    engine.unload()
+    yield from chattts_reference(checkpoint, THREADS)
 
 
 def _model(export: Path, precision: str = "fp32") -> ChatTTSOnnxModel:
@@ -137,7 +126,7 @@ def test_manifest_lists_every_file_with_its_hash(export: Path) -> None:
 def test_export_refuses_a_tampered_source(checkpoint: Path, tmp_path: Path) -> None:
     from tts_bridge.export.chattts_onnx import export_chattts
 
-    hashes = {rel: sha256_file(checkpoint / rel) for rel in (*CHECKPOINT_FILES, SPK_STAT_FILE)}
+    hashes = tiny_hashes(checkpoint)
     hashes["asset/Vocos.safetensors"] = "0" * 64
     with pytest.raises(EngineError, match=r"Vocos\.safetensors: sha256 mismatch"):
         export_chattts(checkpoint, tmp_path / "out", expected_sha256=hashes)
@@ -398,8 +387,7 @@ def test_identity_names_precision_and_hash(export: Path, tmp_path: Path) -> None
 
 
 def test_same_voices_as_the_torch_engine(export: Path, checkpoint: Path) -> None:
-    hashes = {rel: sha256_file(checkpoint / rel) for rel in (*CHECKPOINT_FILES, SPK_STAT_FILE)}
-    torch_engine = ChatTTSEngine(checkpoint, expected_sha256=hashes)
+    torch_engine = ChatTTSEngine(checkpoint, expected_sha256=tiny_hashes(checkpoint))
     onnx_engine = ChatTTSOnnxEngine(export)
     for seed in (0, 1, 42):
         assert onnx_engine.sample_speaker(seed) == torch_engine.sample_speaker(seed)
@@ -459,7 +447,7 @@ def test_batch_gives_one_clip_per_text(export: Path) -> None:
 
 def test_engine_runs_without_importing_torch(export: Path) -> None:
     code = """
-import json, sys
+import sys
 from pathlib import Path
 from tts_bridge.engines.chattts_onnx import ChatTTSOnnxEngine
 from tts_bridge.engines.chattts_torch import ChatTTSOptions
@@ -470,19 +458,8 @@ for precision in ("fp32", "int8"):
     speaker = engine.sample_speaker(1)
     chunks = list(engine.synthesize("Dinner is ready.", speaker, ChatTTSOptions(seed=2)))
     sizes[precision] = sum(c.size for c in chunks)
-heavy = ("torch", "torchaudio", "transformers", "ChatTTS", "vocos", "numba", "onnx")
-print(json.dumps({"heavy": sorted(n for n in sys.modules if n.split(".")[0] in heavy),
-                  "sizes": sizes}))
+report = {"sizes": sizes}
 """
-    result = subprocess.run(
-        [sys.executable, "-c", code, str(export)],
-        capture_output=True,
-        text=True,
-        cwd=REPO_ROOT,
-        timeout=300,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr
-    report = json.loads(result.stdout.strip().splitlines()[-1])
+    report = run_torch_free(code, str(export))
     assert report["heavy"] == []
     assert report["sizes"]["fp32"] > 0 and report["sizes"]["int8"] > 0

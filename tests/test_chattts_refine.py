@@ -9,12 +9,9 @@ exporter writes the graphs, onnxruntime runs them, and ChatTTS's own ``_refine_t
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
-import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -24,7 +21,13 @@ os.environ["TRANSFORMERS_OFFLINE"] = "1"
 
 import numpy as np
 import pytest
-from chattts_tiny import make_tiny_checkpoint
+from chattts_tiny import (
+    NEEDS_CHATTTS_ONNX,
+    chattts_reference,
+    export_tiny,
+    make_tiny_checkpoint,
+    run_torch_free,
+)
 
 from tts_bridge.engines.base import EngineError
 from tts_bridge.engines.chattts_onnx import (
@@ -45,33 +48,20 @@ from tts_bridge.engines.chattts_refine import (
     text_prompt,
 )
 from tts_bridge.engines.chattts_torch import (
-    CHECKPOINT_FILES,
-    SPK_STAT_FILE,
-    ChatTTSEngine,
     ChatTTSOptions,
 )
 from tts_bridge.models import sha256_file
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 THREADS = 1
 TEXTS = ["the washing machine has finished", "客厅的灯已经打开了"]
 PROMPT = "[oral_2][laugh_0][break_6]"
 EOS_GAIN = 4.0
 """Factor on the weight-norm gain of head_text's [Ebreak] row (see the module docs)."""
 
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("ChatTTS") is None
-    or importlib.util.find_spec("onnx") is None
-    or importlib.util.find_spec("onnxruntime") is None,
-    reason="needs the 'chattts' extra plus onnx (the exporter) and onnxruntime",
-)
+pytestmark = NEEDS_CHATTTS_ONNX
 
 
 # -- fixtures -----------------------------------------------------------------------------------
-
-
-def _hashes(checkpoint: Path) -> dict[str, str]:
-    return {rel: sha256_file(checkpoint / rel) for rel in (*CHECKPOINT_FILES, SPK_STAT_FILE)}
 
 
 @pytest.fixture(scope="module")
@@ -92,22 +82,14 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def export(checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The checkpoint exported and quantized (treat as read-only)."""
-    from tts_bridge.export.chattts_onnx import export_chattts
-    from tts_bridge.export.quantize import quantize_onnx
-
     dest = tmp_path_factory.mktemp("chattts-refine") / "export"
-    export_chattts(checkpoint, dest, expected_sha256=_hashes(checkpoint))
-    quantize_onnx(dest)
-    return dest
+    return export_tiny(checkpoint, dest, quantize=True)
 
 
 @pytest.fixture(scope="module")
 def chat(checkpoint: Path) -> Iterator[Any]:
     """ChatTTS itself (torch) on the same checkpoint: the reference."""
-    engine = ChatTTSEngine(checkpoint, expected_sha256=_hashes(checkpoint), threads=THREADS)
-    engine.load()
-    yield engine._loaded.chat  # type: ignore[union-attr]  # white-box: ChatTTS's own objects
-    engine.unload()
+    yield from chattts_reference(checkpoint, THREADS)
 
 
 def _refiner(export: Path, precision: Precision = "fp32") -> TextRefiner:
@@ -353,7 +335,7 @@ def test_head_text_is_verified_and_in_the_identity(export: Path, tmp_path: Path)
 
 def test_engine_refines_without_importing_torch(export: Path) -> None:
     code = """
-import json, sys
+import sys
 from pathlib import Path
 from tts_bridge.engines.chattts_onnx import ChatTTSOnnxEngine
 from tts_bridge.engines.chattts_torch import ChatTTSOptions
@@ -365,19 +347,8 @@ for precision in ("fp32", "int8"):
     chunks = list(engine.synthesize("Dinner is ready.", speaker, options))
     sizes[precision] = sum(c.size for c in chunks)
     assert engine._loaded.refiner is not None
-heavy = ("torch", "torchaudio", "transformers", "ChatTTS", "vocos", "numba", "onnx")
-print(json.dumps({"heavy": sorted(n for n in sys.modules if n.split(".")[0] in heavy),
-                  "sizes": sizes}))
+report = {"sizes": sizes}
 """
-    result = subprocess.run(
-        [sys.executable, "-c", code, str(export)],
-        capture_output=True,
-        text=True,
-        cwd=REPO_ROOT,
-        timeout=300,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr
-    report = json.loads(result.stdout.strip().splitlines()[-1])
+    report = run_torch_free(code, str(export))
     assert report["heavy"] == []
     assert report["sizes"]["fp32"] > 0 and report["sizes"]["int8"] > 0

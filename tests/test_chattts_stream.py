@@ -8,7 +8,6 @@ The streamed pieces are compared with the one-shot decode of the same hidden sta
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import itertools
 import json
@@ -24,7 +23,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 import soundfile
-from chattts_tiny import make_tiny_checkpoint
+from chattts_tiny import NEEDS_CHATTTS_ONNX, export_tiny, make_tiny_checkpoint
 from conftest import BridgeFactory, MqttProbe, ProbeFactory, ReceivedMessage
 
 from tts_bridge.engines.base import SynthesisOptions
@@ -39,12 +38,7 @@ from tts_bridge.engines.chattts_onnx import (
     precision_files,
     read_manifest,
 )
-from tts_bridge.engines.chattts_torch import (
-    CHECKPOINT_FILES,
-    SPK_STAT_FILE,
-    ChatTTSOptions,
-)
-from tts_bridge.models import sha256_file
+from tts_bridge.engines.chattts_torch import ChatTTSOptions
 
 THREADS = 1
 TEXT = "The front door is open."
@@ -54,12 +48,7 @@ WAIT_S = 120.0
 PARITY = 1e-5
 """Max abs difference allowed between streamed and one-shot audio (float rounding only)."""
 
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("ChatTTS") is None
-    or importlib.util.find_spec("onnx") is None
-    or importlib.util.find_spec("onnxruntime") is None,
-    reason="needs the 'chattts' extra plus onnx (the exporter) and onnxruntime",
-)
+pytestmark = NEEDS_CHATTTS_ONNX
 
 
 # -- fixtures (as in test_chattts_onnx.py) ------------------------------------------------------
@@ -73,14 +62,8 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def export(checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny checkpoint exported and quantized (treat as read-only)."""
-    from tts_bridge.export.chattts_onnx import export_chattts
-    from tts_bridge.export.quantize import quantize_onnx
-
     dest = tmp_path_factory.mktemp("chattts-stream") / "export"
-    hashes = {rel: sha256_file(checkpoint / rel) for rel in (*CHECKPOINT_FILES, SPK_STAT_FILE)}
-    export_chattts(checkpoint, dest, expected_sha256=hashes)
-    quantize_onnx(dest)
-    return dest
+    return export_tiny(checkpoint, dest, quantize=True)
 
 
 @pytest.fixture(scope="module")

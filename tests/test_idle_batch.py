@@ -10,7 +10,6 @@ generation's cap (30 s) can only come from several generations, i.e. the one-at-
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -21,20 +20,21 @@ from typing import Any
 os.environ["HF_HUB_OFFLINE"] = "1"
 
 import pytest
-from chattts_tiny import make_tiny_checkpoint
-from conftest import BridgeFactory, MqttProbe, ProbeFactory, ReceivedMessage, RunningBridge
+from chattts_tiny import NEEDS_CHATTTS_ONNX, export_tiny, make_tiny_checkpoint
+from conftest import (
+    BridgeFactory,
+    MqttProbe,
+    ProbeFactory,
+    ReceivedMessage,
+    RunningBridge,
+    bridge_api,
+)
 
 from tts_bridge.cache import SentenceCache
 from tts_bridge.config import load_settings
-from tts_bridge.engines.chattts_torch import (
-    CHECKPOINT_FILES,
-    MAX_GENERATION_SECONDS,
-    SPK_STAT_FILE,
-    expected_seconds,
-)
+from tts_bridge.engines.chattts_torch import MAX_GENERATION_SECONDS, expected_seconds
 from tts_bridge.engines.registry import EnginePool
 from tts_bridge.idle import BATCH_MAX_AUDIO_S
-from tts_bridge.models import sha256_file
 from tts_bridge.synthesis import Synthesizer
 
 BASE = "tts_bridge"
@@ -55,23 +55,7 @@ ENGINE_LOOP = re.compile(
 )
 IDLE_BATCH = re.compile(r"Idle: (\w+) batch of (\d+) in (\w+)")
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        importlib.util.find_spec("ChatTTS") is None
-        or importlib.util.find_spec("onnx") is None
-        or importlib.util.find_spec("onnxruntime") is None,
-        reason="needs the 'chattts' extra plus onnx (the exporter) and onnxruntime",
-    ),
-]
-
-
-def _export(checkpoint: Path, dest: Path) -> Path:
-    from tts_bridge.export.chattts_onnx import export_chattts
-
-    hashes = {rel: sha256_file(checkpoint / rel) for rel in (*CHECKPOINT_FILES, SPK_STAT_FILE)}
-    export_chattts(checkpoint, dest, expected_sha256=hashes)
-    return dest
+pytestmark = [pytest.mark.slow, NEEDS_CHATTTS_ONNX]
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +66,7 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def export(checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny checkpoint exported (FP32; the export's own manifest vouches for its files)."""
-    return _export(checkpoint, tmp_path_factory.mktemp("idle-batch") / "export")
+    return export_tiny(checkpoint, tmp_path_factory.mktemp("idle-batch") / "export")
 
 
 @pytest.fixture(scope="module")
@@ -90,15 +74,18 @@ def slower_export(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A larger random model (hidden 512 x 8 layers): a batch takes about a second here."""
     folder = tmp_path_factory.mktemp("idle-batch-medium")
     checkpoint = make_tiny_checkpoint(folder / "ckpt", seed=2, hidden_size=512, num_layers=8)
-    return _export(checkpoint, folder / "export")
+    return export_tiny(checkpoint, folder / "export")
 
 
 def _voice(export: Path) -> dict[str, Any]:
     return {"engine": "chattts-onnx", "model": str(export), "precision": "fp32"}
 
 
-def _start(factory: BridgeFactory, export: Path, batch_size: int) -> RunningBridge:
-    return factory(
+def _start(
+    bridge_factory: BridgeFactory, probe_factory: ProbeFactory, export: Path, batch_size: int
+) -> tuple[RunningBridge, MqttProbe]:
+    """A bridge serving `export` as VOICE, idle batches of `batch_size`; a probe on every topic."""
+    bridge = bridge_factory(
         voices={VOICE: _voice(export)},
         default_voice=VOICE,
         synthesis={"onnx_threads": 1, "workers": 1},
@@ -108,23 +95,13 @@ def _start(factory: BridgeFactory, export: Path, batch_size: int) -> RunningBrid
             "idle_batch_size": batch_size,
         },
     )
+    probe = probe_factory(f"{BASE}/#")
+    probe.diagnostics = bridge.log_tail
+    return bridge, probe
 
 
 def _api(probe: MqttProbe, name: str, payload: dict[str, Any] | None = None) -> dict[str, Any]:
-    since = probe.mark()
-    transaction = f"t-{since}"
-    probe.publish(
-        f"{BASE}/bridge/request/{name}", json.dumps({**(payload or {}), "transaction": transaction})
-    )
-
-    def is_answer(m: ReceivedMessage) -> bool:
-        return (
-            m.topic == f"{BASE}/bridge/response/{name}"
-            and m.json().get("transaction") == transaction
-        )
-
-    body: dict[str, Any] = probe.wait_for(is_answer, WAIT_S, since=since).json()
-    return body
+    return bridge_api(probe, name, payload, timeout=WAIT_S, base=BASE)
 
 
 def _say(probe: MqttProbe, payload: dict[str, Any]) -> dict[str, Any]:
@@ -177,9 +154,7 @@ def test_prerender_over_mqtt_renders_in_one_batch_and_caches_every_sentence(
     export: Path, bridge_factory: BridgeFactory, probe_factory: ProbeFactory
 ) -> None:
     assert sum(expected_seconds(t) for t in SHORT) <= BATCH_MAX_AUDIO_S  # one batch holds all
-    bridge = _start(bridge_factory, export, batch_size=4)
-    probe = probe_factory(f"{BASE}/#")
-    probe.diagnostics = bridge.log_tail
+    bridge, probe = _start(bridge_factory, probe_factory, export, batch_size=4)
     health = _prerender_all(probe, SHORT)
     assert health["background_done"]["prerender"] == 4, health
     assert _idle_batches(bridge) == [("prerender", 4, VOICE)], bridge.log_tail()
@@ -193,9 +168,7 @@ def test_too_long_sentence_is_rendered_alone_and_all_are_cached(
     export: Path, bridge_factory: BridgeFactory, probe_factory: ProbeFactory
 ) -> None:
     assert expected_seconds(LONG) > 25.0  # more than one generation
-    bridge = _start(bridge_factory, export, batch_size=4)
-    probe = probe_factory(f"{BASE}/#")
-    probe.diagnostics = bridge.log_tail
+    bridge, probe = _start(bridge_factory, probe_factory, export, batch_size=4)
     phrases = [SHORT[0], LONG, *SHORT[1:3]]
     health = _prerender_all(probe, phrases)
     assert health["background_done"]["prerender"] == 4, health
@@ -211,9 +184,7 @@ def test_too_long_sentence_is_rendered_alone_and_all_are_cached(
 def test_batch_size_one_renders_one_sentence_at_a_time(
     export: Path, bridge_factory: BridgeFactory, probe_factory: ProbeFactory
 ) -> None:
-    bridge = _start(bridge_factory, export, batch_size=1)
-    probe = probe_factory(f"{BASE}/#")
-    probe.diagnostics = bridge.log_tail
+    bridge, probe = _start(bridge_factory, probe_factory, export, batch_size=1)
     health = _prerender_all(probe, SHORT)
     assert health["background_done"]["prerender"] == 4, health
     assert _idle_batches(bridge) == [], bridge.log_tail()
@@ -225,9 +196,7 @@ def test_batch_size_one_renders_one_sentence_at_a_time(
 def test_live_request_during_a_batch_is_answered(
     slower_export: Path, bridge_factory: BridgeFactory, probe_factory: ProbeFactory
 ) -> None:
-    bridge = _start(bridge_factory, slower_export, batch_size=4)
-    probe = probe_factory(f"{BASE}/#")
-    probe.diagnostics = bridge.log_tail
+    bridge, probe = _start(bridge_factory, probe_factory, slower_export, batch_size=4)
     queued = _api(probe, "prerender", {"phrases": SHORT, "voice": VOICE})
     assert queued["status"] == "ok", queued
     # As soon as the engine starts the batch's code loop, a live request arrives.

@@ -8,7 +8,6 @@ an engine stops is exact: a count of the steps it asked.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import threading
 from collections.abc import Callable, Iterator
@@ -18,27 +17,16 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 
 import numpy as np
 import pytest
-from chattts_tiny import make_tiny_checkpoint
+from chattts_tiny import NEEDS_CHATTTS_ONNX, export_tiny, make_tiny_checkpoint, tiny_hashes
 
 from tts_bridge.engines.base import SynthesisInterruptedError, interruptible
 from tts_bridge.engines.chattts_onnx import ChatTTSOnnxEngine
-from tts_bridge.engines.chattts_torch import (
-    CHECKPOINT_FILES,
-    SPK_STAT_FILE,
-    ChatTTSEngine,
-    ChatTTSOptions,
-)
-from tts_bridge.models import sha256_file
+from tts_bridge.engines.chattts_torch import ChatTTSEngine, ChatTTSOptions
 from tts_bridge.scheduler import Scheduler
 
 TEXT = "The front door is open."
 
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("ChatTTS") is None
-    or importlib.util.find_spec("onnx") is None
-    or importlib.util.find_spec("onnxruntime") is None,
-    reason="needs the 'chattts' extra plus onnx (the exporter) and onnxruntime",
-)
+pytestmark = NEEDS_CHATTTS_ONNX
 
 
 @pytest.fixture(scope="module")
@@ -47,18 +35,10 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def hashes(checkpoint: Path) -> dict[str, str]:
-    return {rel: sha256_file(checkpoint / rel) for rel in (*CHECKPOINT_FILES, SPK_STAT_FILE)}
-
-
-@pytest.fixture(scope="module")
 def onnx_engine(
-    checkpoint: Path, hashes: dict[str, str], tmp_path_factory: pytest.TempPathFactory
+    checkpoint: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ChatTTSOnnxEngine]:
-    from tts_bridge.export.chattts_onnx import export_chattts
-
-    dest = tmp_path_factory.mktemp("interrupt") / "export"
-    export_chattts(checkpoint, dest, expected_sha256=hashes)
+    dest = export_tiny(checkpoint, tmp_path_factory.mktemp("interrupt") / "export")
     engine = ChatTTSOnnxEngine(dest, precision="fp32", threads=1)
     engine.load()
     yield engine
@@ -66,8 +46,8 @@ def onnx_engine(
 
 
 @pytest.fixture(scope="module")
-def torch_engine(checkpoint: Path, hashes: dict[str, str]) -> Iterator[ChatTTSEngine]:
-    engine = ChatTTSEngine(checkpoint, expected_sha256=hashes, threads=1)
+def torch_engine(checkpoint: Path) -> Iterator[ChatTTSEngine]:
+    engine = ChatTTSEngine(checkpoint, expected_sha256=tiny_hashes(checkpoint), threads=1)
     engine.load()
     yield engine
     engine.unload()

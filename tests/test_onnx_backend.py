@@ -9,7 +9,6 @@ what these tests check.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import logging
 import os
@@ -22,8 +21,8 @@ os.environ["TRANSFORMERS_OFFLINE"] = "1"
 
 import pytest
 import yaml
-from chattts_tiny import make_tiny_checkpoint
-from conftest import BridgeFactory, ProbeFactory
+from chattts_tiny import NEEDS_CHATTTS_ONNX, make_tiny_checkpoint
+from conftest import BridgeFactory, ProbeFactory, RunningBridge
 
 from tts_bridge import models
 from tts_bridge.cache import SentenceCache
@@ -39,12 +38,7 @@ BASE = "tts_bridge"
 TEXT = "你好。"
 WAIT_S = 120.0
 
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("ChatTTS") is None
-    or importlib.util.find_spec("onnx") is None
-    or importlib.util.find_spec("onnxruntime") is None,
-    reason="needs the 'chattts' extra plus onnx (the exporter) and onnxruntime",
-)
+pytestmark = NEEDS_CHATTTS_ONNX
 
 
 @pytest.fixture(scope="module")
@@ -84,6 +78,34 @@ def settings_for(models_dir: Path, tmp_path: Path, **voice: Any) -> Settings:
         },
         environ={},
     )
+
+
+def say_over_mqtt(
+    models_dir: Path,
+    bridge_factory: BridgeFactory,
+    probe_factory: ProbeFactory,
+    request: dict[str, Any],
+) -> tuple[RunningBridge, dict[str, Any], dict[str, Any]]:
+    """Start the bridge with `models_dir` and the ChatTTS voice xiaoyu, wait for its
+    bridge/info, send `request` to say/living; returns the bridge, the info and the answer."""
+    bridge = bridge_factory(
+        models={"dir": str(models_dir)},
+        synthesis={"onnx_threads": 1, "onnx_spinning": "off"},
+        voices={"xiaoyu": {"engine": "chattts", "model": "chattts"}},
+        default_voice="xiaoyu",
+        scheduler={"idle_enabled": False},
+    )
+    probe = probe_factory(f"{BASE}/#")
+    probe.diagnostics = bridge.log_tail
+    info = probe.wait_for(lambda m: m.topic == f"{BASE}/bridge/info", WAIT_S).json()
+    since = probe.mark()
+    probe.publish(f"{BASE}/say/living", json.dumps(request))
+    answer = probe.wait_for(
+        lambda m: m.topic == f"{BASE}/bridge/response/say" and m.json()["id"] == request["id"],
+        WAIT_S,
+        since=since,
+    ).json()
+    return bridge, info, answer
 
 
 # -- choosing the backend -------------------------------------------------------------------------
@@ -280,25 +302,11 @@ def test_voices_command_shows_the_backend(
 def test_chattts_voice_with_an_export_answers_as_onnx_over_mqtt(
     copied: Path, bridge_factory: BridgeFactory, probe_factory: ProbeFactory
 ) -> None:
-    bridge = bridge_factory(
-        models={"dir": str(copied)},
-        synthesis={"onnx_threads": 1, "onnx_spinning": "off"},
-        voices={"xiaoyu": {"engine": "chattts", "model": "chattts"}},
-        default_voice="xiaoyu",
-        scheduler={"idle_enabled": False},
+    bridge, info, answer = say_over_mqtt(
+        copied, bridge_factory, probe_factory, {"text": TEXT, "id": "zh-onnx"}
     )
-    probe = probe_factory(f"{BASE}/#")
-    probe.diagnostics = bridge.log_tail
-    info = probe.wait_for(lambda m: m.topic == f"{BASE}/bridge/info", WAIT_S).json()
     assert info["voices"]["xiaoyu"]["engine"] == "chattts-onnx"
     assert info["voices"]["xiaoyu"]["tier"] == "quality"
-    since = probe.mark()
-    probe.publish(f"{BASE}/say/living", json.dumps({"text": TEXT, "id": "zh-onnx"}))
-    answer = probe.wait_for(
-        lambda m: m.topic == f"{BASE}/bridge/response/say" and m.json()["id"] == "zh-onnx",
-        WAIT_S,
-        since=since,
-    ).json()
     assert answer["status"] == "ok", answer
     assert (answer["data"]["engine"], answer["data"]["tier"], answer["data"]["voice"]) == (
         "chattts-onnx",
@@ -364,28 +372,10 @@ def test_configured_fast_voice_or_torch_gets_no_int8_tier(quantized: Path, tmp_p
 def test_busy_chattts_voice_answers_with_its_int8_tier_over_mqtt(
     quantized: Path, bridge_factory: BridgeFactory, probe_factory: ProbeFactory
 ) -> None:
-    bridge = bridge_factory(
-        models={"dir": str(quantized)},
-        synthesis={"onnx_threads": 1, "onnx_spinning": "off"},
-        voices={"xiaoyu": {"engine": "chattts", "model": "chattts"}},
-        default_voice="xiaoyu",
-        scheduler={"idle_enabled": False},
-    )
-    probe = probe_factory(f"{BASE}/#")
-    probe.diagnostics = bridge.log_tail
-    info = probe.wait_for(lambda m: m.topic == f"{BASE}/bridge/info", WAIT_S).json()
-    assert info["voices"]["xiaoyu"]["fast_voice"] == "xiaoyu_int8"
-    since = probe.mark()
     # A budget nothing can meet: the fast tier answers, in the same speaker.
-    probe.publish(
-        f"{BASE}/say/living",
-        json.dumps({"text": TEXT, "id": "zh-int8", "latency_budget_ms": 1}),
-    )
-    answer = probe.wait_for(
-        lambda m: m.topic == f"{BASE}/bridge/response/say" and m.json()["id"] == "zh-int8",
-        WAIT_S,
-        since=since,
-    ).json()
+    request = {"text": TEXT, "id": "zh-int8", "latency_budget_ms": 1}
+    _bridge, info, answer = say_over_mqtt(quantized, bridge_factory, probe_factory, request)
+    assert info["voices"]["xiaoyu"]["fast_voice"] == "xiaoyu_int8"
     assert answer["status"] == "ok", answer
     data = answer["data"]
     assert (data["engine"], data["tier"], data["voice"], data["requested_voice"]) == (

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from conftest import BridgeFactory, MqttProbe, ProbeFactory, ReceivedMessage
+from conftest import BridgeFactory, MqttProbe, ProbeFactory, ReceivedMessage, bridge_api
 
 BASE = "tts_bridge"
 RESPONSE = f"{BASE}/bridge/response/say"
@@ -30,19 +30,7 @@ def ask(probe: MqttProbe, payload: dict[str, Any], target: str = "tiers") -> dic
 
 
 def api(probe: MqttProbe, name: str, payload: dict[str, Any] | None = None) -> dict[str, Any]:
-    since = probe.mark()
-    transaction = f"t-{since}"
-    body_out = json.dumps({**(payload or {}), "transaction": transaction})
-    probe.publish(f"{BASE}/bridge/request/{name}", body_out)
-
-    def is_answer(m: ReceivedMessage) -> bool:
-        return (
-            m.topic == f"{BASE}/bridge/response/{name}"
-            and m.json().get("transaction") == transaction
-        )
-
-    body: dict[str, Any] = probe.wait_for(is_answer, WAIT_S, since=since).json()
-    return body
+    return bridge_api(probe, name, payload, timeout=WAIT_S, base=BASE)
 
 
 def health_until(
