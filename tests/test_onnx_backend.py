@@ -27,7 +27,7 @@ from conftest import BridgeFactory, ProbeFactory, RunningBridge
 from tts_bridge import models
 from tts_bridge.cache import SentenceCache
 from tts_bridge.cli import main
-from tts_bridge.config import Settings, load_settings
+from tts_bridge.config import ConfigError, Settings, load_settings
 from tts_bridge.engines.base import EngineError
 from tts_bridge.engines.chattts_onnx import MANIFEST_FILE, ChatTTSOnnxEngine
 from tts_bridge.engines.registry import EnginePool, find_chattts_exports, manifest_hashes
@@ -345,6 +345,46 @@ def test_int8_variant_becomes_the_voices_fast_tier(quantized: Path, tmp_path: Pa
     assert fast.speaker == quality.speaker
     assert fast.engine.identity != quality.engine.identity
     assert "fast tier xiaoyu_int8" in quality.backend_note
+
+
+@pytest.mark.parametrize("backend", ["auto", "torch"])
+def test_fast_voice_auto_is_the_int8_tier_or_heart(
+    quantized: Path, tmp_path: Path, backend: str
+) -> None:
+    """What `voices new` writes: the INT8 tier when the voice is on its export, else heart."""
+    settings = load_settings(
+        None,
+        {
+            "models": {"dir": str(quantized)},
+            "cache": {"dir": str(tmp_path / "cache")},
+            "voices": {
+                "xiaoyu": {
+                    "engine": "chattts",
+                    "model": "chattts",
+                    "fast_voice": "auto",
+                    "backend": backend,
+                },
+                "heart": {"engine": "hibari"},
+            },
+            "default_voice": "xiaoyu",
+            "voices_file": str(tmp_path / "voices.yaml"),
+        },
+        environ={},
+    )
+    pool = EnginePool(settings)
+    expected = "xiaoyu_int8" if backend == "auto" else "heart"
+    assert pool.voice("xiaoyu").settings.fast_voice == expected
+    assert ("xiaoyu_int8" in {v.name for v in pool}) is (backend == "auto")
+
+
+def test_fast_voice_auto_is_only_for_chattts_voices(tmp_path: Path) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        yaml.safe_dump({"voices": {"joe": {"engine": "piper", "fast_voice": "auto"}}}),
+        encoding="utf-8",
+    )
+    with pytest.raises(ConfigError, match=r"voices\.joe\.fast_voice: 'auto' is not a voice"):
+        load_settings(config, {}, environ={})
 
 
 def test_configured_fast_voice_or_torch_gets_no_int8_tier(quantized: Path, tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from tts_bridge import __version__
-from tts_bridge.config import ConfigError, Settings, load_settings
+from tts_bridge.config import AUTO_FAST_VOICE, ConfigError, Settings, load_settings
 
 if TYPE_CHECKING:
     from tts_bridge.synthesis import Synthesizer
@@ -261,7 +261,11 @@ def cmd_voices_new(args: argparse.Namespace, settings: Settings) -> int:
         model=model,
         spk_emb=spk_emb,
         spk_emb_sha256=hashlib.sha256(spk_emb.encode()).hexdigest(),
-        fast_voice=args.fast_voice if args.fast_voice in settings.voices else None,
+        fast_voice=(
+            args.fast_voice
+            if args.fast_voice == AUTO_FAST_VOICE or args.fast_voice in settings.voices
+            else None
+        ),
         description=f"ChatTTS speaker from seed {args.seed}",
     )
     path = settings.voices_file
@@ -314,7 +318,12 @@ def _add_voices_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     new.add_argument(
         "--model", type=Path, help="ChatTTS checkpoint folder (default: a chattts voice's)"
     )
-    new.add_argument("--fast-voice", default="heart", help="fast tier voice (default: heart)")
+    new.add_argument(
+        "--fast-voice",
+        default="auto",
+        help="fast tier voice (default: auto = the same speaker on the ONNX export's INT8 graphs "
+        "once there is one, else heart)",
+    )
     new.add_argument("--force", action="store_true", help="replace an existing voice")
     new.set_defaults(func=cmd_voices_new)
 

@@ -22,6 +22,11 @@ _LOGGER = logging.getLogger(__name__)
 
 ENV_PREFIX = "TTS_BRIDGE_"
 NAME_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
+AUTO_FAST_VOICE = "auto"
+"""A ChatTTS voice's fast_voice that the engine pool chooses (see VoiceSettings.fast_voice)."""
+FALLBACK_FAST_VOICE = "heart"
+"""The fast voice "auto" stands for when a ChatTTS voice has no INT8 export: the bundled
+hibari voice (English only; Chinese text stays on ChatTTS)."""
 _NAME_RE = re.compile(NAME_PATTERN)
 
 
@@ -205,7 +210,9 @@ class VoiceSettings(_Section):
     """Free text shown in bridge/info."""
     fast_voice: str | None = None
     """Voice that answers for this one when this one would miss the latency budget (fast tier);
-    its sentences are re-rendered with this voice at idle and served from the cache later."""
+    its sentences are re-rendered with this voice at idle and served from the cache later.
+    ChatTTS voices may say "auto": the same speaker on the INT8 graphs of the checkpoint's ONNX
+    export when there is one, else the voice "heart" (if configured)."""
 
     @model_validator(mode="after")
     def _check_backend(self) -> VoiceSettings:
@@ -356,6 +363,8 @@ class Settings(_Section):
         for name, voice in self.voices.items():
             if voice.fast_voice is None:
                 continue
+            if voice.fast_voice == AUTO_FAST_VOICE and voice.engine == "chattts":
+                continue  # resolved by the engine pool (see VoiceSettings.fast_voice)
             if voice.fast_voice not in self.voices:
                 raise ValueError(f"voices.{name}.fast_voice: {voice.fast_voice!r} is not a voice")
             if voice.fast_voice == name:

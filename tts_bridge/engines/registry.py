@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Literal
 
 import psutil
 
-from tts_bridge.config import Settings, VoiceSettings
+from tts_bridge.config import AUTO_FAST_VOICE, FALLBACK_FAST_VOICE, Settings, VoiceSettings
 from tts_bridge.engines.base import Engine, EngineError
 from tts_bridge.models import FileHasher
 from tts_bridge.tuning import OnnxSessionPlan
@@ -333,9 +333,18 @@ class EnginePool:
     def _chattts_voice(self, name: str, voice: VoiceSettings, model: Path | None) -> Voice:
         """A ChatTTS voice on the backend its settings ask for (see VoiceSettings.backend)."""
 
+        resolved = voice
+        if voice.fast_voice == AUTO_FAST_VOICE:
+            # Resolved below to the INT8 tier when the export has one; this is the fallback.
+            known = FALLBACK_FAST_VOICE in self._settings.voices
+            otherwise = FALLBACK_FAST_VOICE if known else None
+            resolved = voice.model_copy(update={"fast_voice": otherwise})
+
+        on_torch_settings = resolved  # a fallback to torch has no INT8 tier of the export
+
         def on_torch(note: str) -> Voice:
             engine = self._engine("chattts", model, voice.precision, voice.tier)
-            return Voice(name, engine, voice.spk_emb, voice, "torch", note)
+            return Voice(name, engine, voice.spk_emb, on_torch_settings, "torch", note)
 
         if voice.backend == "torch" or model is None:
             # No model: _build_engine refuses it with the reason.
@@ -359,9 +368,9 @@ class EnginePool:
         fast = self._int8_fast_voice(name, voice, export)
         if fast is not None:
             self._voices[fast.name] = fast
-            voice = voice.model_copy(update={"fast_voice": fast.name})
+            resolved = voice.model_copy(update={"fast_voice": fast.name})
             note += f"; fast tier {fast.name} (INT8 graphs, same speaker)"
-        return Voice(name, engine, voice.spk_emb, voice, "onnx", note)
+        return Voice(name, engine, voice.spk_emb, resolved, "onnx", note)
 
     def _int8_fast_voice(self, name: str, voice: VoiceSettings, export: OnnxExport) -> Voice | None:
         """The same speaker on the export's INT8 graphs, as the fast tier of a ChatTTS voice
@@ -370,7 +379,7 @@ class EnginePool:
         from tts_bridge.engines.chattts_onnx import read_manifest
 
         fast_name = f"{name}_int8"
-        if voice.fast_voice is not None or fast_name in self._settings.voices:
+        if voice.fast_voice not in (None, AUTO_FAST_VOICE) or fast_name in self._settings.voices:
             return None
         try:
             if "int8" not in read_manifest(export.folder)["variants"]:
