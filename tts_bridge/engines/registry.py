@@ -275,7 +275,11 @@ class EnginePool:
             if model is not None and not model.exists():
                 raise EngineError(f"voices.{name}.model: {model} does not exist")
             if voice.engine == "chattts":
-                self._voices[name] = self._chattts_voice(name, voice, model)
+                before = set(self._voices)
+                chattts = self._chattts_voice(name, voice, model)  # may add its INT8 tier
+                added = {k: self._voices.pop(k) for k in set(self._voices) - before}
+                self._voices[name] = chattts
+                self._voices.update(added)  # listed after the voice it serves
                 chosen = self._voices[name]
                 _LOGGER.info(
                     "Voice %s: ChatTTS on %s (%s)", name, chosen.backend, chosen.backend_note
