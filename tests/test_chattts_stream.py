@@ -12,6 +12,7 @@ import io
 import itertools
 import json
 import os
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,8 @@ import soundfile
 from chattts_tiny import NEEDS_CHATTTS_ONNX, export_tiny, make_tiny_checkpoint
 from conftest import BridgeFactory, MqttProbe, ProbeFactory, ReceivedMessage
 
+from tts_bridge.cache import SentenceCache
+from tts_bridge.config import load_settings
 from tts_bridge.engines.base import SynthesisOptions
 from tts_bridge.engines.chattts_onnx import (
     SAMPLES_PER_CODE,
@@ -39,6 +42,8 @@ from tts_bridge.engines.chattts_onnx import (
     read_manifest,
 )
 from tts_bridge.engines.chattts_torch import ChatTTSOptions
+from tts_bridge.engines.registry import EnginePool
+from tts_bridge.synthesis import AudioPart, Synthesizer
 
 THREADS = 1
 TEXT = "The front door is open."
@@ -215,6 +220,48 @@ def test_engine_streams_every_generation_of_a_long_text(export: Path) -> None:
     assert all(a.size == 0 for b, a in itertools.pairwise(chunks) if b.size)
     assert sum(1 for c in chunks if c.size) >= 6
     engine.unload()
+
+
+def test_a_failing_consumer_ends_the_generation_and_frees_the_engine(
+    export: Path, tmp_path: Path
+) -> None:
+    """The streaming engine holds its lock between pieces: when sending a piece fails, the
+    synthesizer closes the generation at once, so the next request is not locked out."""
+    settings = load_settings(
+        None,
+        {
+            "cache": {"dir": str(tmp_path / "cache")},
+            "models": {"dir": str(tmp_path / "models")},
+            "synthesis": {"onnx_threads": 1},
+            "voices": {"xiao": {"engine": "chattts-onnx", "model": str(export)}},
+            "default_voice": "xiao",
+        },
+        environ={},
+    )
+    synth = Synthesizer(settings, EnginePool(settings), SentenceCache(settings.cache))
+    voice = synth.engines.voice("xiao")
+    assert isinstance(voice.engine, ChatTTSOnnxEngine)
+
+    def broken_link(part: AudioPart) -> None:
+        raise ConnectionError("the broker went away")
+
+    try:
+        options = synth.options_for(voice)
+        with pytest.raises(ConnectionError) as caught:
+            synth.sentence(voice, 0, TEXT, options, True, on_part=broken_link)
+        # Another thread gets the engine straight away, even while the error (and with it the
+        # frames of the failed request) is still referenced, as an error report would keep it.
+        done: list[int] = []
+        other = threading.Thread(
+            target=lambda: done.append(len(voice.engine.synthesize_batch([TEXT], None, options)))
+        )
+        other.start()
+        other.join(60)
+        assert done == [1]
+        assert "broker went away" in str(caught.value)
+        assert not synth.is_cached(voice, TEXT, options)  # nothing half-made was stored
+    finally:
+        synth.cache.close()
 
 
 # -- over MQTT ----------------------------------------------------------------------------------

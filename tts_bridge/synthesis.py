@@ -6,11 +6,12 @@ nothing of MQTT. It runs on synthesis threads only.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -262,14 +263,18 @@ class Synthesizer:
                 on_part(AudioPart(sent, index, audio.to_pcm16(chunk), cached=False, last=last))
             sent += 1
 
+        # Closed explicitly: a streaming engine holds its lock between chunks, so a failure
+        # here (publishing a part) must end its generation now, on this thread.
+        generation = self._synthesize(voice, spoken, options, stream=on_part is not None)
         try:
-            for chunk in self._synthesize(voice, spoken, options, stream=on_part is not None):
-                chunks.append(chunk)
-                if held is not None:
-                    release(held, last=False)
-                    held = None
-                if chunk.size:
-                    held = chunk
+            with contextlib.closing(generation):
+                for chunk in generation:
+                    chunks.append(chunk)
+                    if held is not None:
+                        release(held, last=False)
+                        held = None
+                    if chunk.size:
+                        held = chunk
         except BackendFallbackError:
             # The pool moved the voice to torch (at load, before any audio): another engine,
             # so another cache key.
@@ -286,7 +291,7 @@ class Synthesizer:
 
     def _synthesize(
         self, voice: Voice, spoken: str, options: SynthesisOptions, *, stream: bool
-    ) -> Iterator[FloatAudio]:
+    ) -> Generator[FloatAudio, None, None]:
         """The engine's chunks; whatever goes wrong in the engine as EngineError (an error of
         the caller's, between chunks, is not the engine's and passes unchanged)."""
         engine = voice.engine
