@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import io
+import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -91,3 +93,45 @@ def test_say_command_writes_a_wav(tmp_path: Path) -> None:
         check=False,
     )
     assert bad.returncode == 1 and "nothing_speakable" in bad.stderr
+
+
+def _thread_nice() -> dict[int, int]:
+    """Thread id -> nice value, for every thread of this process (Linux)."""
+    values = {}
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            stat = (task / "stat").read_text()
+        except OSError:  # the thread ended meanwhile
+            continue
+        # Fields after the command name (which may hold spaces) start at field 3; nice is 19.
+        values[int(task.name)] = int(stat.rsplit(")", 1)[1].split()[16])
+    return values
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="Linux only")
+def test_models_load_at_normal_priority_even_from_the_idle_thread(tmp_path: Path) -> None:
+    """onnxruntime starts its worker threads while loading, and a thread inherits the nice value
+    of its creator: a model first used by the idle thread (nice +10) must not leave every later
+    live request computing on deprioritized threads."""
+    settings = load_settings(
+        None,
+        {"cache": {"dir": str(tmp_path / "cache")}, "synthesis": {"onnx_threads": 2}},
+        environ={},
+    )
+    pool = EnginePool(settings)
+    engine = pool.voice("joe").engine
+    before = _thread_nice()
+    normal = os.getpriority(os.PRIO_PROCESS, 0)
+
+    def idle_like() -> None:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), normal + 5)
+        pool.ensure_loaded(engine)
+
+    worker = threading.Thread(target=idle_like)
+    worker.start()
+    worker.join(60)
+    assert engine.loaded
+    new = {tid: nice for tid, nice in _thread_nice().items() if tid not in before}
+    assert new, "onnxruntime started no thread (2 intra-op threads were asked for)"
+    assert set(new.values()) == {normal}, new
+    pool.unload_all()

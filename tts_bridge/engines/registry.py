@@ -10,6 +10,7 @@ resident size.
 
 from __future__ import annotations
 
+import concurrent.futures
 import gc
 import logging
 import os
@@ -266,6 +267,10 @@ class EnginePool:
         self._exports: list[OnnxExport] | None = None
         self._fallbacks: dict[int, _Fallback] = {}
         self._unverified: dict[str, str] = {}
+        self._loader = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="model-load")
+        # Start its thread now, from the constructing (normal-priority) thread: an executor
+        # starts threads on first use, from whichever thread submits.
+        self._loader.submit(lambda: None).result()
         self.on_change: Callable[[], None] | None = None
         """Called after the voices changed while running (a backend fell back to torch)."""
         for name, voice in settings.voices.items():
@@ -521,7 +526,11 @@ class EnginePool:
             before = psutil.Process().memory_info().rss
             started = time.perf_counter()
             try:
-                engine.load()
+                # On the loader thread (normal priority): runtimes start their worker threads
+                # while loading, and threads inherit the niceness of the thread creating them.
+                # Loaded from the idle thread (nice +10), every later live request would
+                # compute on deprioritized threads.
+                self._loader.submit(engine.load).result()
             except Exception as exc:
                 if fallback is None:
                     raise
