@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +17,7 @@ import soundfile
 from tts_bridge.cache import SentenceCache
 from tts_bridge.config import Settings, load_settings
 from tts_bridge.engines.registry import EnginePool, UnknownVoiceError
+from tts_bridge.routing import SEED_SECONDS_PER_CHAR
 from tts_bridge.synthesis import RequestError, Synthesizer
 
 
@@ -134,4 +136,33 @@ def test_models_load_at_normal_priority_even_from_the_idle_thread(tmp_path: Path
     new = {tid: nice for tid, nice in _thread_nice().items() if tid not in before}
     assert new, "onnxruntime started no thread (2 intra-op threads were asked for)"
     assert set(new.values()) == {normal}, new
+    pool.unload_all()
+
+
+def test_cost_estimate_and_rtf_leave_the_model_load_out(tmp_path: Path) -> None:
+    """Routing sends a live request to the fast tier when the quality voice's estimate misses
+    the budget: a first load (several times a sentence's synthesis) must not count as cost."""
+    settings = load_settings(
+        None,
+        {"cache": {"dir": str(tmp_path / "cache")}, "synthesis": {"onnx_threads": 1}},
+        environ={},
+    )
+    pool = EnginePool(settings)
+    synth = Synthesizer(settings, pool, SentenceCache(settings.cache))
+    engine = pool.voice("joe").engine
+    text = "The washing machine has finished."
+    started = time.perf_counter()
+    rendering = synth.render(text, "joe", use_cache=False)
+    wall = time.perf_counter() - started
+    load = pool.load_seconds[engine.identity]
+    synthesis = synth.stats.rtf()[engine.identity] * rendering.duration_ms / 1000
+    # The synthesis time counted is disjoint from the load: both fit in the wall time (the
+    # 10 ms allow for the RTF's rounding); counting the load twice would overshoot by `load`.
+    assert load > 0.01
+    assert synthesis + load <= wall + 0.01, (synthesis, load, wall)
+    # And the estimate learned exactly that time per character.
+    seed = SEED_SECONDS_PER_CHAR["piper"]
+    learned = synth.estimator.snapshot()[engine.identity]
+    assert learned == pytest.approx(0.8 * seed + 0.2 * synthesis / len(text), rel=0.05)
+    synth.cache.close()
     pool.unload_all()

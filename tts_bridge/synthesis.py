@@ -20,7 +20,7 @@ import numpy as np
 from tts_bridge import audio
 from tts_bridge.cache import CacheKey, SentenceCache
 from tts_bridge.config import Settings
-from tts_bridge.engines.base import EngineError, FloatAudio, SynthesisOptions
+from tts_bridge.engines.base import Engine, EngineError, FloatAudio, SynthesisOptions
 from tts_bridge.engines.registry import BackendFallbackError, EnginePool, Voice
 from tts_bridge.routing import CostEstimator
 from tts_bridge.text.sentences import clean, has_cjk, is_speakable, split_sentences
@@ -249,6 +249,13 @@ class Synthesizer:
                 if on_part is not None:
                     on_part(AudioPart(0, index, hit.pcm, cached=True, last=True))
                 return SentenceAudio(index, text, hit.pcm, cached=True)
+        try:
+            # Loaded before the clock starts: the cost estimate that routes live requests, and
+            # the RTF statistics, are about synthesis (a first load took 4x a sentence's time).
+            self._ensure_loaded(voice.engine)
+        except BackendFallbackError:
+            voice = self.engines.voice(voice.name)  # now on torch: another cache key
+            return self.sentence(voice, index, text, options, use_cache, on_part=on_part)
         started = time.perf_counter()
         # Engines whose own text front end drops digits (ChatTTS) get text spelled out first.
         prepare = getattr(voice.engine, "prepare_text", None)
@@ -276,8 +283,8 @@ class Synthesizer:
                     if chunk.size:
                         held = chunk
         except BackendFallbackError:
-            # The pool moved the voice to torch (at load, before any audio): another engine,
-            # so another cache key.
+            # The pool moved the voice to torch (at a reload after an idle unload, before any
+            # audio): another engine, so another cache key.
             voice = self.engines.voice(voice.name)
             return self.sentence(voice, index, text, options, use_cache, on_part=on_part)
         release(held if held is not None else np.zeros(0, dtype=np.float32), last=True)
@@ -298,13 +305,23 @@ class Synthesizer:
         streaming = getattr(engine, "synthesize_stream", None) if stream else None
         synthesize = streaming or engine.synthesize
         try:
-            self.engines.ensure_loaded(engine)
+            self.engines.ensure_loaded(engine)  # normally a no-op: `sentence` loaded it
             yield from synthesize(spoken, voice.speaker, options)
         except EngineError:
             raise
         except Exception as exc:  # an engine bug must fail one request, not the bridge
             _LOGGER.exception("Engine %s failed", voice.engine.identity)
             raise EngineError(f"{voice.engine.name} failed: {type(exc).__name__}") from exc
+
+    def _ensure_loaded(self, engine: Engine) -> None:
+        """`engines.ensure_loaded`, a failure of the engine's own code as EngineError."""
+        try:
+            self.engines.ensure_loaded(engine)
+        except EngineError:
+            raise
+        except Exception as exc:  # an engine bug must fail one request, not the bridge
+            _LOGGER.exception("Engine %s failed to load", engine.identity)
+            raise EngineError(f"{engine.name} failed to load: {type(exc).__name__}") from exc
 
     def sentence_parts(self, pieces: Sequence[SentenceAudio], sample_rate: int) -> list[AudioPart]:
         """Whole sentences as the stream messages `render_plan` would have sent for engines
@@ -447,9 +464,9 @@ class Synthesizer:
                 together.append((index, pieces[0] if pieces else ""))
         if together:
             assert batch is not None
+            self._ensure_loaded(engine)
             started = time.perf_counter()
             try:
-                self.engines.ensure_loaded(engine)
                 clips = batch([spoken for _, spoken in together], voice.speaker, options)
             except EngineError:
                 raise

@@ -248,6 +248,8 @@ class EnginePool:
         self._default_voice = settings.default_voice
         self._files_mb: dict[str, float] = {}
         self._resident_mb: dict[str, float] = {}
+        self.load_seconds: dict[str, float] = {}
+        """How long each engine's last load took (identity -> seconds)."""
         self._last_used: dict[str, float] = {}
         self.memory_budget_mb = (
             settings.models.memory_budget_mb
@@ -538,10 +540,11 @@ class EnginePool:
             grown = max(0.0, (psutil.Process().memory_info().rss - before) / 2**20)
             if grown > 1:
                 self._resident_mb[engine.identity] = grown
+            self.load_seconds[engine.identity] = time.perf_counter() - started
             _LOGGER.info(
                 "Loaded %s in %.2f s (+%.0f MB resident)",
                 engine.identity,
-                time.perf_counter() - started,
+                self.load_seconds[engine.identity],
                 grown,
             )
 
