@@ -113,6 +113,8 @@ def test_manifest_lists_every_file_with_its_hash(export: Path) -> None:
         "gpt": "gpt.onnx",
         "decoder": "decoder.onnx",
         "vocos": "vocos.onnx",
+        "decoder_stream": "decoder_stream.onnx",
+        "vocos_stream": "vocos_stream.onnx",
     }
     # The measured choice: only the GPT is worth INT8, with QUInt8 weights.
     assert manifest["variants"]["int8"]["gpt"] == "gpt.int8.onnx"

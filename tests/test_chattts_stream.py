@@ -3,7 +3,9 @@
 
 Everything runs on the tiny random checkpoint exported with the real exporter
 (tests/chattts_tiny.py), through onnxruntime, and over a real mosquitto with the real bridge.
-The streamed pieces are compared with the one-shot decode of the same hidden states.
+The streamed pieces are compared with the one-shot decode of the same hidden states, both for
+the streaming step graphs (``StatefulStreamingDecoder``) and for the windowed decoder that
+exports without them still use (``StreamingDecoder``, also run on such an export).
 """
 
 from __future__ import annotations
@@ -12,8 +14,9 @@ import io
 import itertools
 import json
 import os
+import shutil
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,15 +34,25 @@ from tts_bridge.cache import SentenceCache
 from tts_bridge.config import load_settings
 from tts_bridge.engines.base import SynthesisOptions
 from tts_bridge.engines.chattts_onnx import (
+    DECODER_STREAM_FILE,
     SAMPLES_PER_CODE,
+    STREAM_CHUNK_CODES,
+    STREAM_GRAPHS,
+    VOCOS_STREAM_FILE,
+    WINDOWED_CHUNK_CODES,
     ChatTTSOnnxEngine,
     ChatTTSOnnxModel,
     Reach,
     SamplingParams,
+    StatefulStreamingDecoder,
+    StreamingDecoder,
     audible,
     code_prompt,
+    external_data_path,
+    loaded_roles,
     precision_files,
     read_manifest,
+    write_manifest,
 )
 from tts_bridge.engines.chattts_torch import ChatTTSOptions
 from tts_bridge.engines.registry import EnginePool
@@ -72,6 +85,26 @@ def export(checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
+def windowed_export(export: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of ``export`` as an export from before the streaming graphs: without their files
+    and without their roles in the manifest."""
+    dest = tmp_path_factory.mktemp("chattts-stream") / "windowed"
+    shutil.copytree(export, dest)
+    manifest = read_manifest(dest)
+    gone = {DECODER_STREAM_FILE, VOCOS_STREAM_FILE}
+    gone |= {external_data_path(Path(name)).as_posix() for name in gone}
+    for name in gone:
+        (dest / name).unlink()
+    variants = {
+        precision: {role: f for role, f in graphs.items() if role not in STREAM_GRAPHS}
+        for precision, graphs in manifest["variants"].items()
+    }
+    extra = {k: v for k, v in manifest.items() if k not in ("files", "variants")}
+    write_manifest(dest, sorted(set(manifest["files"]) - gone), variants=variants, extra=extra)
+    return dest
+
+
+@pytest.fixture(scope="module")
 def model(export: Path) -> ChatTTSOnnxModel:
     return ChatTTSOnnxModel(export, precision_files(read_manifest(export), "int8"), threads=THREADS)
 
@@ -86,11 +119,17 @@ def hiddens(model: ChatTTSOnnxModel) -> npt.NDArray[np.float32]:
     return result.hiddens
 
 
+Decoder = StreamingDecoder | StatefulStreamingDecoder
+
+
 def _stream(
-    model: ChatTTSOnnxModel, hiddens: npt.NDArray[np.float32], every: int
+    model: ChatTTSOnnxModel,
+    hiddens: npt.NDArray[np.float32],
+    every: int,
+    make: Callable[[ChatTTSOnnxModel], Decoder] = StreamingDecoder,
 ) -> list[npt.NDArray[np.float32]]:
     """Push the states ``every`` codes at a time, then finish."""
-    decoder = model.stream_decoder()
+    decoder = make(model)
     pieces = [decoder.push(hiddens[:n]) for n in range(every, hiddens.shape[0], every)]
     pieces.append(decoder.push(hiddens, final=True))
     return pieces
@@ -105,7 +144,12 @@ def test_reach_is_the_architectures(model: ChatTTSOnnxModel) -> None:
     # kernel-7 block (3). At full size (12 decoder, 8 Vocos blocks) the same probe on the
     # exported graphs gives 75 and 27 frames: a lookahead of 52 codes (1.1 s of audio).
     assert model.reach == (Reach(9, 9), Reach(6, 6))
-    assert model.stream_decoder().lookahead_codes == (15 * 256 + 512) / 512
+    assert StreamingDecoder(model).lookahead_codes == (15 * 256 + 512) / 512
+    # The streaming graphs' caches stand for the same paddings, layer by layer.
+    stateful = model.stream_decoder()
+    assert isinstance(stateful, StatefulStreamingDecoder)
+    assert stateful.lookahead_codes == (15 * 256 + 512) / 512
+    assert all(stateful.ready(n) == StreamingDecoder(model).ready(n) for n in range(40))
 
 
 @pytest.mark.parametrize("length", [1, 2, 8, 9, 10, 31, 100, 160])
@@ -124,7 +168,7 @@ def test_streamed_decode_equals_one_shot(
 def test_random_states_and_uneven_pushes(model: ChatTTSOnnxModel) -> None:
     rng = np.random.default_rng(7)
     states = rng.normal(0.0, 2.0, size=(97, model.hidden_size)).astype(np.float32)
-    decoder = model.stream_decoder()
+    decoder = StreamingDecoder(model)
     pieces = []
     for count in (3, 4, 12, 13, 30, 31, 32, 60, 96):
         piece = decoder.push(states[:count])
@@ -148,7 +192,7 @@ def test_pieces_are_final_and_decoding_stays_linear(
         return real(hidden)
 
     monkeypatch.setattr(model, "run_decoder", counting)
-    decoder = model.stream_decoder()
+    decoder = StreamingDecoder(model)
     done = 0
     for count in range(8, hiddens.shape[0], 8):
         piece = decoder.push(hiddens[:count])
@@ -162,6 +206,139 @@ def test_pieces_are_final_and_decoding_stays_linear(
     context = (9 + 9) // 2 + 2
     assert max(decoded) <= 8 + context
     assert sum(decoded) <= hiddens.shape[0] + len(decoded) * context
+
+
+# -- the streaming step graphs ------------------------------------------------------------------
+
+
+def _stateful(model: ChatTTSOnnxModel) -> StatefulStreamingDecoder:
+    decoder = model.stream_decoder()
+    assert isinstance(decoder, StatefulStreamingDecoder)
+    return decoder
+
+
+@pytest.mark.parametrize("length", [1, 2, 3, 8, 9, 10, 11, 31, 100, 160])
+@pytest.mark.parametrize("every", [1, 2, 7, 16, 64])
+def test_stateful_stream_equals_one_shot(
+    model: ChatTTSOnnxModel, hiddens: npt.NDArray[np.float32], length: int, every: int
+) -> None:
+    states = hiddens[:length]
+    whole = model.decode(states)
+    streamed = np.concatenate(_stream(model, states, every, _stateful))
+    assert streamed.dtype == np.float32
+    assert streamed.size == whole.size == 256 * (2 * length - 1)
+    assert np.abs(streamed - whole).max() <= PARITY
+
+
+def test_stream_graphs_one_shot_equal_the_one_shot_graphs(
+    export: Path, model: ChatTTSOnnxModel, hiddens: npt.NDArray[np.float32]
+) -> None:
+    """With the streaming graphs the engine decodes whole texts on them too (one flushed push)
+    and leaves decoder.onnx and vocos.onnx unloaded; both give the same audio."""
+    graphs = precision_files(read_manifest(export), "int8")
+    one_shot = ChatTTSOnnxModel(
+        export, {role: f for role, f in graphs.items() if role not in STREAM_GRAPHS}
+    )
+    assert model.has_stream_graphs and not one_shot.has_stream_graphs
+    assert loaded_roles(graphs) == ("gpt", *STREAM_GRAPHS)
+    for length in (1, 2, 9, 40, 160):
+        states = hiddens[:length]
+        mel = one_shot.run_decoder(np.ascontiguousarray(states.T[None]))
+        assert np.abs(model.run_decoder(np.ascontiguousarray(states.T[None])) - mel).max() < 1e-5
+        assert np.abs(model.decode(states) - one_shot.decode(states)).max() <= PARITY
+
+
+@pytest.mark.parametrize("first", [1, 2, 5, 9, 10, 12, 20, 60])
+@pytest.mark.parametrize("more", [0, 1, 3])
+def test_stateful_flush_right_after_the_first_piece(
+    model: ChatTTSOnnxModel, hiddens: npt.NDArray[np.float32], first: int, more: int
+) -> None:
+    """One push (before or after the stacks' delay is covered), then the final one: with no new
+    state (``more`` 0, the flush decodes the right padding alone) or a few."""
+    states = hiddens[: first + more]
+    decoder = _stateful(model)
+    head = decoder.push(states[:first])
+    assert head.size == decoder.ready(first)
+    tail = decoder.push(states, final=True)
+    whole = model.decode(states)
+    streamed = np.concatenate([head, tail])
+    assert streamed.size == whole.size
+    assert np.abs(streamed - whole).max() <= PARITY
+
+
+def test_stateful_random_states_uneven_pushes_and_repeats(model: ChatTTSOnnxModel) -> None:
+    rng = np.random.default_rng(11)
+    states = rng.normal(0.0, 2.0, size=(97, model.hidden_size)).astype(np.float32)
+    decoder = _stateful(model)
+    pieces = []
+    # Repeated counts push nothing new; counts below the delay are held back.
+    for count in (1, 1, 3, 4, 12, 12, 13, 30, 31, 32, 60, 96, 96):
+        pieces.append(decoder.push(states[:count]))
+        assert sum(p.size for p in pieces) == decoder.ready(count)
+    pieces.append(decoder.push(states, final=True))
+    whole = model.decode(states)
+    assert np.abs(np.concatenate(pieces) - whole).max() <= PARITY
+
+
+def test_stateful_decoding_runs_each_state_once(
+    model: ChatTTSOnnxModel, hiddens: npt.NDArray[np.float32]
+) -> None:
+    """Each push gives the graphs only the new states and mel frames (no context again)."""
+    whole = model.decode(hiddens)
+    decoder = _stateful(model)
+    fed: list[int] = []
+    real = decoder._decoder.stage.run  # white-box: count the frames each graph run gets
+
+    def counting(data: Any, caches: Any, final: bool) -> Any:
+        fed.append(data.shape[2])
+        return real(data, caches, final)
+
+    decoder._decoder.stage.run = counting  # type: ignore[method-assign]
+    try:
+        done = 0
+        for count in range(8, hiddens.shape[0], 8):
+            piece = decoder.push(hiddens[:count])
+            assert np.abs(piece - whole[done : done + piece.size]).max(initial=0.0) <= PARITY
+            done += piece.size
+        tail = decoder.push(hiddens, final=True)
+        assert np.abs(tail - whole[done:]).max() <= PARITY
+    finally:
+        del decoder._decoder.stage.run
+    assert sum(fed) == hiddens.shape[0]
+
+
+def test_stateful_decoder_refuses_pushes_after_the_end(
+    model: ChatTTSOnnxModel, hiddens: npt.NDArray[np.float32]
+) -> None:
+    decoder = _stateful(model)
+    decoder.push(hiddens[:20], final=True)
+    with pytest.raises(Exception, match="flushed"):
+        decoder.push(hiddens[:30])
+
+
+def test_exports_without_stream_graphs_stream_windowed(
+    export: Path, windowed_export: Path, hiddens: npt.NDArray[np.float32]
+) -> None:
+    engine = ChatTTSOnnxEngine(windowed_export, precision="int8", threads=THREADS)
+    assert not {DECODER_STREAM_FILE, VOCOS_STREAM_FILE} & set(engine.files())
+    assert {DECODER_STREAM_FILE, VOCOS_STREAM_FILE} <= set(
+        ChatTTSOnnxEngine(export, precision="int8").files()
+    )
+    engine.load()
+    assert engine._loaded is not None
+    model = engine._loaded.model
+    assert not model.has_stream_graphs
+    assert isinstance(model.stream_decoder(), StreamingDecoder)
+    states = hiddens[:50]
+    streamed = np.concatenate(_stream(model, states, 7, lambda m: m.stream_decoder()))
+    assert np.abs(streamed - model.decode(states)).max() <= PARITY
+    options = ChatTTSOptions(seed=5)
+    pieces = [c for c in engine.synthesize_stream(TEXT, None, options) if c.size]
+    assert len(pieces) >= 2
+    assert pieces[0].size >= WINDOWED_CHUNK_CODES[0] * SAMPLES_PER_CODE - 64
+    (whole,) = engine.synthesize(TEXT, None, options)
+    assert np.abs(np.concatenate(pieces) - whole).max() <= PARITY
+    engine.unload()
 
 
 # -- the engine ---------------------------------------------------------------------------------
@@ -181,10 +358,11 @@ def test_engine_yields_audio_before_the_sentence_is_generated(export: Path) -> N
     total_steps = engine._loaded.model.times.steps
     pieces = [c for c in chunks if c.size]
     assert len(pieces) >= 3, [c.size for c in chunks]
-    # The first piece came after its 16 codes plus the tiny model's lookahead, long before the
+    # The first piece came after its 8 codes plus the tiny model's lookahead, long before the
     # generation ended (the tiny model never picks EOS: it runs to its token budget).
-    assert steps_at_first is not None and steps_at_first <= 16 + 9 < total_steps / 4
-    assert pieces[0].size >= 16 * SAMPLES_PER_CODE - 64  # a few samples may be filtered out
+    first = STREAM_CHUNK_CODES[0]
+    assert steps_at_first is not None and steps_at_first <= first + 9 < total_steps / 4
+    assert pieces[0].size >= first * SAMPLES_PER_CODE - 64  # a few samples may be filtered out
     # Every piece but the last is followed at once by an empty chunk ("more follows").
     assert chunks[-1].size > 0
     for before, after in itertools.pairwise(chunks):

@@ -19,7 +19,9 @@ The code-generation loop reproduces ChatTTS 0.2.5 (``Chat._infer_code`` and ``GP
   softmax, one sample per codebook; EOS on any codebook ends that text and drops its hidden
   state;
 * the hidden states of every step (the prefill's last position included) go through the
-  decoder and Vocos, and numpy inverts the spectrum (``torch.istft`` with ``center=True``).
+  decoder and Vocos, and numpy inverts the spectrum (``torch.istft`` with ``center=True``);
+  streamed, through the streaming step graphs and ``StatefulStreamingDecoder`` when the
+  export has them, else through ``StreamingDecoder``'s windows.
 
 Sampling uses numpy's generator, so a seed gives repeatable audio here but not the same audio as
 torch's sampler; under greedy decoding both produce identical codes (see the parity tests).
@@ -80,6 +82,10 @@ GPT_FILE = "gpt.onnx"
 HEAD_TEXT_FILE = "head_text.onnx"
 DECODER_FILE = "decoder.onnx"
 VOCOS_FILE = "vocos.onnx"
+DECODER_STREAM_FILE = "decoder_stream.onnx"
+VOCOS_STREAM_FILE = "vocos_stream.onnx"
+STREAM_PADS_KEY = "pads"
+"""Metadata of a streaming graph: each cache's padding p, comma-separated (exporter docs)."""
 EMB_TEXT_FILE = "emb_text.npy"
 EMB_CODE_FILE = "emb_code.npy"
 WINDOW_FILE = "istft_window.npy"
@@ -100,6 +106,20 @@ COMMON_FILES = (
 
 Precision = Literal["fp32", "int8"]
 GRAPHS = ("gpt", "decoder", "vocos")
+STREAM_GRAPHS = ("decoder_stream", "vocos_stream")
+"""Optional roles (exports before them stream with ``StreamingDecoder``'s windows). When an
+export has them, they also do the one-shot decode (one push with the flush: the same
+convolutions, zero padded at both ends) and the ``decoder``/``vocos`` graphs are not loaded,
+so the streaming graphs cost no memory (see ``loaded_roles``)."""
+
+
+def loaded_roles(graphs: Mapping[str, str]) -> tuple[str, ...]:
+    """The roles of ``graphs`` (``precision_files``) the engine loads: the streaming graphs
+    replace the one-shot decoder and Vocos where the export has them."""
+    if set(STREAM_GRAPHS) <= set(graphs):
+        return ("gpt", *STREAM_GRAPHS)
+    return GRAPHS
+
 
 SAMPLE_RATE = 24_000
 # ChatTTS's sampling constants (ChatTTS/model/processors.py and core.py).
@@ -110,11 +130,23 @@ SILENCE_THRESHOLD = np.float32(1e-5)
 """Chat.infer drops every sample at or below this magnitude; done here too for equal output."""
 SAMPLES_PER_CODE = 512
 """One audio code is two mel frames of 256 samples (21.3 ms at 24 kHz)."""
-STREAM_CHUNK_CODES = (16, 20, 28, 40, 56, 80, 112, 160)
-"""Codes of final audio per streamed piece: the first early, then growing (the last size
-repeats). Measured at full size (INT8, 2 threads): about 9 ms to generate a code and 150 ms to
-decode a piece (its context included), for 21.3 ms of audio per code; so a piece of c codes
-buys about 12c - 150 ms of lead over playback, and sizes grow by ~1.4x to stay ahead of it."""
+STREAM_CHUNK_CODES = (8, 12, 16, 24, 32, 48, 64, 96, 128)
+"""Codes of final audio per streamed piece with the streaming graphs
+(``StatefulStreamingDecoder``): the first early, then growing (the last size repeats).
+
+Each piece must be ready before the audio already sent has played. Measured at full size
+(INT8, 2 threads): 8-8.5 ms to generate a code and, with the layers' caches, about 10 ms per
+piece plus 1 ms per code to decode (1 code 10 ms, 8 codes 15 ms, 12-24 codes 20-30 ms), for
+21.3 ms of audio per code. So a piece of c codes is ready about 9.5c + 10 ms after the one
+before it: the first piece (8 codes, 170 ms of audio) covers the second (12 codes, ~125 ms),
+and from then on each piece adds ~12c - 10 ms of lead, so the sizes can grow by ~1.5x. The
+lookahead (52 codes at full size) is paid once, before the first piece, whose push decodes
+those ~60 codes in one go (35-45 ms)."""
+WINDOWED_CHUNK_CODES = (16, 20, 28, 40, 56, 80, 112, 160)
+"""The same for exports without the streaming graphs (``StreamingDecoder``). Measured at full
+size (INT8, 2 threads): about 9 ms to generate a code and 150 ms to decode a piece (its context
+included), for 21.3 ms of audio per code; so a piece of c codes buys about 12c - 150 ms of lead
+over playback, and sizes grow by ~1.4x to stay ahead of it."""
 
 
 def audible(wave: FloatAudio) -> FloatAudio:
@@ -169,13 +201,16 @@ def external_data_path(graph: Path) -> Path:
 
 
 def precision_files(manifest: Mapping[str, Any], precision: str) -> dict[str, str]:
-    """Graph role -> file for ``precision``; EngineError if that variant was never made."""
+    """Graph role -> file for ``precision``; EngineError if that variant was never made.
+
+    The streaming graphs (``STREAM_GRAPHS``) are included when the export has both."""
     variants: Mapping[str, Any] = manifest["variants"]
     graphs = variants.get(precision)
-    if not isinstance(graphs, dict) or set(graphs) != set(GRAPHS):
+    if not isinstance(graphs, dict) or not set(GRAPHS) <= set(graphs):
         hint = " (run: tts-bridge models quantize)" if precision == "int8" else ""
         raise EngineError(f"this export has no {precision} variant{hint}")
-    return {role: str(graphs[role]) for role in GRAPHS}
+    roles = GRAPHS + STREAM_GRAPHS if set(STREAM_GRAPHS) <= set(graphs) else GRAPHS
+    return {role: str(graphs[role]) for role in roles}
 
 
 def cpu_has_vnni() -> bool:
@@ -474,10 +509,33 @@ class ChatTTSOnnxModel:
         providers = ["CPUExecutionProvider"]
         try:
             self._gpt = ort.InferenceSession(str(folder / graphs["gpt"]), options, providers)
-            self._decoder = ort.InferenceSession(
-                str(folder / graphs["decoder"]), options, providers
-            )
-            self._vocos = ort.InferenceSession(str(folder / graphs["vocos"]), options, providers)
+            self._decoder: Any = None
+            self._vocos: Any = None
+            self._stream_stages: tuple[StreamStage, StreamStage] | None = None
+            if "decoder" in loaded_roles(graphs):
+                self._decoder = ort.InferenceSession(
+                    str(folder / graphs["decoder"]), options, providers
+                )
+                self._vocos = ort.InferenceSession(
+                    str(folder / graphs["vocos"]), options, providers
+                )
+                self._mels = int(self._vocos.get_inputs()[0].shape[1])
+            else:
+                self._stream_stages = (
+                    StreamStage(
+                        ort.InferenceSession(
+                            str(folder / graphs["decoder_stream"]), options, providers
+                        ),
+                        frames_per_input=2,
+                    ),
+                    StreamStage(
+                        ort.InferenceSession(
+                            str(folder / graphs["vocos_stream"]), options, providers
+                        ),
+                        frames_per_input=1,
+                    ),
+                )
+                self._mels = self._stream_stages[1].channels[0]
         except Exception as exc:  # onnxruntime raises its own untyped exception classes
             raise EngineError(f"onnxruntime cannot load {folder}: {exc}") from exc
         # The text table is large and only a prompt's rows are read: leave it on disk.
@@ -632,14 +690,21 @@ class ChatTTSOnnxModel:
         return self.run_vocos(self.run_decoder(batch))
 
     def run_decoder(self, hidden: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
-        """decoder.onnx: (1, hidden, steps) -> mel (1, mels, 2 x steps)."""
+        """The decoder, one shot: (1, hidden, steps) -> mel (1, mels, 2 x steps)."""
+        if self._stream_stages is not None:
+            (mel,) = self._stream_stages[0].once(hidden)
+            return mel
         (mel,) = self._decoder.run(None, {"hidden": hidden})
         return _as_float32(mel)
 
     def run_vocos(
         self, mel: npt.NDArray[np.float32]
     ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
-        """vocos.onnx: mel (1, mels, frames) -> magnitude and phase (1, n_fft/2 + 1, frames)."""
+        """Vocos, one shot: mel (1, mels, frames) -> magnitude and phase, each
+        (1, n_fft/2 + 1, frames)."""
+        if self._stream_stages is not None:
+            magnitude, phase = self._stream_stages[1].once(mel)
+            return magnitude, phase
         magnitude, phase = self._vocos.run(None, {"mel": mel})
         return _as_float32(magnitude), _as_float32(phase)
 
@@ -658,13 +723,21 @@ class ChatTTSOnnxModel:
             decoder = measure_reach(
                 lambda hidden: (self.run_decoder(hidden),), self.hidden_size, 2, inputs=96
             )
-            mels = int(self._vocos.get_inputs()[0].shape[1])
-            vocos = measure_reach(self.run_vocos, mels, 1)
+            vocos = measure_reach(self.run_vocos, self._mels, 1)
             self._reach = (decoder, vocos)
         return self._reach
 
-    def stream_decoder(self) -> StreamingDecoder:
-        """A decoder for one text whose hidden states arrive while they are generated."""
+    @property
+    def has_stream_graphs(self) -> bool:
+        """Whether the export has the streaming step graphs (``StatefulStreamingDecoder``)."""
+        return self._stream_stages is not None
+
+    def stream_decoder(self) -> StreamingDecoder | StatefulStreamingDecoder:
+        """A decoder for one text whose hidden states arrive while they are generated: the
+        stateful one when the export has the streaming graphs, else the windowed one."""
+        if self._stream_stages is not None:
+            decoder, vocos = self._stream_stages
+            return StatefulStreamingDecoder(decoder.start(), vocos.start(), self)
         return StreamingDecoder(self)
 
 
@@ -842,8 +915,61 @@ def measure_reach(
         inputs *= 2
 
 
-class StreamingDecoder:
-    """Hidden states that arrive a few at a time -> the audio samples that can no longer change.
+class _OverlapAdd:
+    """The ISTFT of spectrum frames that arrive in order: frames are overlap-added into a
+    running buffer as the one-shot ``istft`` adds them, and samples leave once complete."""
+
+    def __init__(self, model: ChatTTSOnnxModel) -> None:
+        self._hop: int = model.hop_length
+        self._window = model.window
+        self._squared = self._window * self._window
+        self._half: int = self._window.size // 2
+        self._frames_done = 0
+        """Spectrum frames overlap-added so far."""
+        n_fft = self._window.size
+        self._signal = np.zeros(n_fft, dtype=np.float32)
+        self._envelope = np.zeros(n_fft, dtype=np.float32)
+        self._origin = 0
+        """Index (in the centre-padded signal) of ``_signal[0]``."""
+        self._emitted = self._half
+        """Padded index of the next sample to return: output sample 0 is padded index n_fft/2."""
+
+    def _overlap(self, magnitude: npt.NDArray[np.float32], phase: npt.NDArray[np.float32]) -> None:
+        """Add the next spectrum frames, each (bins, frames)."""
+        chunks = _frames(magnitude, phase, self._window)
+        target = self._frames_done + chunks.shape[1]
+        n_fft = self._window.size
+        needed = target * self._hop + n_fft - self._hop - self._origin
+        if needed > self._signal.size:
+            grow = needed - self._signal.size
+            self._signal = np.concatenate([self._signal, np.zeros(grow, dtype=np.float32)])
+            self._envelope = np.concatenate([self._envelope, np.zeros(grow, dtype=np.float32)])
+        for index in range(chunks.shape[1]):
+            at = (self._frames_done + index) * self._hop - self._origin
+            self._signal[at : at + n_fft] += chunks[:, index]
+            self._envelope[at : at + n_fft] += self._squared
+        self._frames_done = target
+
+    def _limit(self, codes: int, final: bool) -> int:
+        """Padded index up to which the samples are complete."""
+        if final:
+            return self._window.size + self._hop * (2 * codes - 1) - self._half if codes else 0
+        return self._frames_done * self._hop
+
+    def _take(self, limit: int) -> FloatAudio:
+        if limit <= self._emitted:
+            return np.zeros(0, dtype=np.float32)
+        begin, end = self._emitted - self._origin, limit - self._origin
+        out = np.asarray(self._signal[begin:end] / self._envelope[begin:end], dtype=np.float32)
+        self._signal = self._signal[end:]
+        self._envelope = self._envelope[end:]
+        self._origin = self._emitted = limit
+        return out
+
+
+class StreamingDecoder(_OverlapAdd):
+    """Hidden states that arrive a few at a time -> the audio samples that can no longer change
+    (for exports without the streaming graphs; see ``StatefulStreamingDecoder``).
 
     The decoder and Vocos are stacks of non-causal convolutions (zero padded at both ends) and
     the ISTFT overlaps frames, so the last samples decoded from a prefix change when more codes
@@ -859,25 +985,13 @@ class StreamingDecoder:
     """
 
     def __init__(self, model: ChatTTSOnnxModel) -> None:
+        super().__init__(model)
         self._model = model
         self._decoder_reach, self._vocos_reach = model.reach
-        self._hop: int = model.hop_length
-        self._window = model.window
-        self._squared = self._window * self._window
-        self._half: int = self._window.size // 2
         self._mel: npt.NDArray[np.float32] | None = None
         """Final mel frames from ``_mel_start`` to ``_mel_done`` (1, mels, frames)."""
         self._mel_start = 0
         self._mel_done = 0
-        self._frames_done = 0
-        """Spectrum frames overlap-added so far."""
-        n_fft = self._window.size
-        self._signal = np.zeros(n_fft, dtype=np.float32)
-        self._envelope = np.zeros(n_fft, dtype=np.float32)
-        self._origin = 0
-        """Index (in the centre-padded signal) of ``_signal[0]``."""
-        self._emitted = self._half
-        """Padded index of the next sample to return: output sample 0 is padded index n_fft/2."""
 
     @property
     def lookahead_codes(self) -> float:
@@ -901,11 +1015,7 @@ class StreamingDecoder:
         frame_target = mel_target if final else max(0, mel_target - self._vocos_reach.right)
         if frame_target > self._frames_done:
             self._add_frames(frame_target, mel_end=mel_target)
-        if final:
-            limit = self._window.size + self._hop * (total - 1) - self._half if codes else 0
-        else:
-            limit = self._frames_done * self._hop
-        return self._take(limit)
+        return self._take(self._limit(codes, final))
 
     def _extend_mel(self, hiddens: npt.NDArray[np.float32], target: int) -> None:
         # The window starts on a code (two mel frames each) far enough left that the decoder's
@@ -932,28 +1042,136 @@ class StreamingDecoder:
         mel = self._mel[:, :, start - self._mel_start : mel_end - self._mel_start]
         magnitude, phase = self._model.run_vocos(np.ascontiguousarray(mel))
         begin, stop = self._frames_done - start, target - start
-        chunks = _frames(magnitude[0, :, begin:stop], phase[0, :, begin:stop], self._window)
-        n_fft = self._window.size
-        needed = target * self._hop + n_fft - self._hop - self._origin
-        if needed > self._signal.size:
-            grow = needed - self._signal.size
-            self._signal = np.concatenate([self._signal, np.zeros(grow, dtype=np.float32)])
-            self._envelope = np.concatenate([self._envelope, np.zeros(grow, dtype=np.float32)])
-        for index in range(chunks.shape[1]):
-            at = (self._frames_done + index) * self._hop - self._origin
-            self._signal[at : at + n_fft] += chunks[:, index]
-            self._envelope[at : at + n_fft] += self._squared
-        self._frames_done = target
+        self._overlap(magnitude[0, :, begin:stop], phase[0, :, begin:stop])
 
-    def _take(self, limit: int) -> FloatAudio:
-        if limit <= self._emitted:
-            return np.zeros(0, dtype=np.float32)
-        begin, end = self._emitted - self._origin, limit - self._origin
-        out = np.asarray(self._signal[begin:end] / self._envelope[begin:end], dtype=np.float32)
-        self._signal = self._signal[end:]
-        self._envelope = self._envelope[end:]
-        self._origin = self._emitted = limit
-        return out
+
+class StreamStage:
+    """One streaming step graph (``decoder_stream.onnx`` or ``vocos_stream.onnx``, see the
+    exporter's docs): its session, and each cache's channels and padding."""
+
+    def __init__(self, session: Any, frames_per_input: int) -> None:
+        self._session = session
+        self.frames_per_input = frames_per_input
+        inputs = session.get_inputs()
+        self._input_names = [i.name for i in inputs]
+        meta = session.get_modelmeta().custom_metadata_map
+        try:
+            self.pads = [int(p) for p in meta[STREAM_PADS_KEY].split(",")]
+        except (KeyError, ValueError) as exc:
+            raise EngineError(f"a streaming graph lacks its '{STREAM_PADS_KEY}' metadata") from exc
+        self.channels = [int(i.shape[1]) for i in inputs[2:]]
+        if len(self.channels) != len(self.pads):
+            raise EngineError("a streaming graph's caches do not match its 'pads' metadata")
+        self.delay = sum(self.pads)
+        """Frames the stack's output trails its input by (its one-sided reach)."""
+        self._outputs = len(session.get_outputs()) - len(self.pads)
+
+    def start(self) -> StreamState:
+        """Fresh state for one text: each cache holds its p zero frames of left padding."""
+        caches = [
+            np.zeros((1, c, p), dtype=np.float32)
+            for c, p in zip(self.channels, self.pads, strict=True)
+        ]
+        return StreamState(self, caches)
+
+    def once(self, data: npt.NDArray[np.float32]) -> list[npt.NDArray[np.float32]]:
+        """The one-shot graph's outputs for ``data`` (1, channels, n >= 1): one flushed push."""
+        outputs = self.start().push(data, final=True)
+        if outputs is None:
+            raise EngineError("nothing to decode")
+        return outputs
+
+    def run(
+        self, data: npt.NDArray[np.float32], caches: list[Any], final: bool
+    ) -> tuple[list[npt.NDArray[np.float32]], list[Any]]:
+        flush = np.zeros((1, 1 if final else 0), dtype=np.float32)
+        feeds = dict(zip(self._input_names, [data, flush, *caches], strict=True))
+        outputs = self._session.run(None, feeds)
+        return [_as_float32(o) for o in outputs[: self._outputs]], outputs[self._outputs :]
+
+
+class StreamState:
+    """One text's pass through a ``StreamStage``: inputs are held back until the first push
+    covers the stack's delay (every layer must then get more frames than its padding)."""
+
+    def __init__(self, stage: StreamStage, caches: list[Any]) -> None:
+        self.stage = stage
+        self._caches = caches
+        self._pending: list[npt.NDArray[np.float32]] = []
+        self._pending_frames = 0
+        self._started = False
+        self._done = False
+
+    def push(
+        self, data: npt.NDArray[np.float32] | None, final: bool
+    ) -> list[npt.NDArray[np.float32]] | None:
+        """Feed new inputs (1, channels, n), if any; the outputs that became final, or None."""
+        if self._done:
+            raise EngineError("this stream has already been flushed")
+        if data is not None and data.shape[2]:
+            self._pending.append(data)
+            self._pending_frames += data.shape[2] * self.stage.frames_per_input
+        if final:
+            self._done = True
+            if not self._started and not self._pending_frames:
+                return None
+        elif not self._pending_frames or (
+            not self._started and self._pending_frames <= self.stage.delay
+        ):
+            return None
+        if not self._pending:  # a flush with nothing new: only the right padding is decoded
+            width = self.stage.channels[0] * self.stage.frames_per_input
+            joined = np.zeros((1, width, 0), dtype=np.float32)
+        elif len(self._pending) == 1:
+            joined = self._pending[0]
+        else:
+            joined = np.concatenate(self._pending, axis=2)
+        outputs, self._caches = self.stage.run(np.ascontiguousarray(joined), self._caches, final)
+        self._pending = []
+        self._pending_frames = 0
+        self._started = True
+        return outputs
+
+
+class StatefulStreamingDecoder(_OverlapAdd):
+    """``StreamingDecoder``'s job on the streaming step graphs: each push runs the decoder on
+    the new hidden states only and Vocos on the new mel frames only, the layers' caches carrying
+    the context, so streaming costs about what decoding the text whole does. The final push
+    flushes both stacks (each layer's right padding). Same interface and output as
+    ``StreamingDecoder`` (the one-shot ``decode`` up to float rounding; tests hold it to 1e-5).
+    """
+
+    def __init__(self, decoder: StreamState, vocos: StreamState, model: ChatTTSOnnxModel) -> None:
+        super().__init__(model)
+        self._decoder = decoder
+        self._vocos = vocos
+        self._fed = 0
+        """Hidden states given to the decoder so far."""
+
+    @property
+    def lookahead_codes(self) -> float:
+        """How many codes the final audio trails the generated codes by (52 at full size)."""
+        frames = self._decoder.stage.delay + self._vocos.stage.delay
+        return (frames * self._hop + self._half) / (2 * self._hop)
+
+    def ready(self, codes: int) -> int:
+        """How many samples in all are final once ``codes`` codes exist (more may follow)."""
+        frames = 2 * codes - self._decoder.stage.delay - self._vocos.stage.delay
+        return max(0, frames * self._hop - self._half)
+
+    def push(self, hiddens: npt.NDArray[np.float32], *, final: bool = False) -> FloatAudio:
+        """The samples that became final with ``hiddens`` (every state so far, (steps, hidden));
+        ``final`` says no state will follow, so every remaining sample is returned."""
+        codes = hiddens.shape[0]
+        new = np.ascontiguousarray(hiddens[self._fed :].T[None, :, :], dtype=np.float32)
+        self._fed = codes
+        mel = self._decoder.push(new, final)
+        if mel is not None or final:
+            spectrum = self._vocos.push(mel[0] if mel is not None else None, final)
+            if spectrum is not None:
+                magnitude, phase = spectrum
+                self._overlap(magnitude[0], phase[0])
+        return self._take(self._limit(codes, final))
 
 
 # -- the engine ---------------------------------------------------------------------------------
@@ -1048,7 +1266,8 @@ class ChatTTSOnnxEngine:
     def files(self) -> tuple[str, ...]:
         """Relative paths of every file this precision loads."""
         manifest = read_manifest(self._folder)
-        graphs = set(precision_files(manifest, self._precision).values())
+        roles = precision_files(manifest, self._precision)
+        graphs = {roles[role] for role in loaded_roles(roles)}
         # The text head (FP32 in both precisions) serves refine_text: verified and in the identity.
         graphs.add(HEAD_TEXT_FILE)
         data = {external_data_path(Path(g)).as_posix() for g in graphs}
@@ -1167,16 +1386,17 @@ class ChatTTSOnnxEngine:
     ) -> Iterator[FloatAudio]:
         """``synthesize``, streaming: each generation yields its audio in pieces while the codes
         are generated (``STREAM_CHUNK_CODES``), each piece the samples no later code can change
-        (see ``StreamingDecoder``). Joined, the pieces are ``synthesize``'s audio of the same
-        codes (silence filter included) up to float rounding.
+        (see ``StatefulStreamingDecoder`` and ``StreamingDecoder``). Joined, the pieces are
+        ``synthesize``'s audio of the same codes (silence filter included) up to float rounding.
 
         After a piece that is not the last, an empty chunk follows at once: a consumer that
         looks one chunk ahead to mark the last piece (the bridge's stream topic) can send the
         piece then instead of when the next one is ready.
 
-        Decoding in pieces costs more (each piece decodes its context again: at full size a
-        106-code sentence took 490 ms to decode streamed, 200 ms whole), so the synthesizer
-        uses this only for streamed requests.
+        With the streaming graphs, decoding in pieces costs about what decoding whole does
+        (each piece decodes only its own frames). Exports without them decode each piece's
+        context again (at full size a 106-code sentence took 490 ms to decode streamed, 200 ms
+        whole), so the synthesizer uses this only for streamed requests.
         """
         chosen = self._options(options)
         if speaker is not None:
@@ -1215,7 +1435,12 @@ class ChatTTSOnnxEngine:
                 prompt = model.encode(prompts, speaker or loaded.default_speaker)
                 decoder = model.stream_decoder()
                 steps = model.generate_steps(prompt, params, chosen.seed, budgets)
-                sizes = iter(STREAM_CHUNK_CODES)
+                schedule = (
+                    STREAM_CHUNK_CODES
+                    if isinstance(decoder, StatefulStreamingDecoder)
+                    else WINDOWED_CHUNK_CODES
+                )
+                sizes = iter(schedule)
                 emitted = 0
                 due = next(sizes) * SAMPLES_PER_CODE
                 while True:
@@ -1228,7 +1453,7 @@ class ChatTTSOnnxEngine:
                     if decoder.ready(count) - emitted >= due:
                         audio = decoder.push(hiddens[0, :count])
                         emitted += audio.size
-                        due = next(sizes, STREAM_CHUNK_CODES[-1]) * SAMPLES_PER_CODE
+                        due = next(sizes, schedule[-1]) * SAMPLES_PER_CODE
                         yield audible(audio), True
                 audio = decoder.push(result.hiddens, final=True)
             except EngineError:

@@ -7,6 +7,8 @@ What is written to ``dest`` (the layout ``tts_bridge.engines.chattts_onnx`` load
     head_text.onnx        the text head (hidden -> text logits), for the refine pass
     decoder.onnx          ChatTTS's hidden-state decoder: GPT hidden states -> 100-band mel
     vocos.onnx            Vocos backbone and head up to magnitude and phase
+    decoder_stream.onnx   the decoder as a streaming step: new hidden states + per-layer caches
+    vocos_stream.onnx     Vocos likewise: new mel frames + per-layer caches (see below)
     emb_text.npy          text token embedding (num_text_tokens, hidden)
     emb_code.npy          the four audio code embeddings (4, 626, hidden)
     istft_window.npy      Vocos's ISTFT window, so numpy inverts exactly what torch would
@@ -40,6 +42,20 @@ Design choices:
   position; computing four 626-way heads for every prompt token would be wasted work. The text
   head (21178-way at full size, 8 % of a step) is a separate graph for the same reason: the
   audio loop never needs it.
+* **Streaming step graphs with explicit caches.** The decoder and Vocos are stacks of
+  non-causal, zero-padded convolutions. ``decoder_stream.onnx`` and ``vocos_stream.onnx``
+  restate them (``DecoderStream``, ``VocosStream``, on the checkpoint's own modules) so frames
+  can be pushed a few at a time and each push computes only its own frames: every convolution
+  with padding p (= dilation x (kernel // 2)) takes a cache of its last 2p input frames
+  (initially p zero frames, its left padding) as a graph input ``cache_i`` and returns the next
+  one as ``next_cache_i``; it convolves cache + new frames without padding, so a layer's output
+  trails its input by p frames. A ConvNeXt residual (output frame t adds input frame t) reads
+  the same buffer p frames back. Per-frame operations (LayerNorm, MLP, GELU, head) see new frames
+  only. Input ``flush``, shaped (1, 0) or (1, 1) (zeros), appends p zero frames (the right
+  padding) to every layer when its width is 1: the end of the text, where the outputs then
+  equal the one-shot graph's. The padding each cache stands for is in the graph's metadata
+  (``pads``, comma-separated). A layer must get more than its p frames on the first push (the
+  engine holds frames back until the whole stack's delay is covered, or the text ends).
 * **ISTFT in numpy.** ``torch.istft`` does not export to a graph onnxruntime accepts; the graph
   stops at magnitude and phase and the engine inverts with ``numpy.fft.irfft`` + overlap-add.
 """
@@ -62,6 +78,7 @@ from tts_bridge.engines.base import EngineError
 from tts_bridge.engines.chattts_onnx import (
     CONFIG_FILE,
     DECODER_FILE,
+    DECODER_STREAM_FILE,
     EMB_CODE_FILE,
     EMB_TEXT_FILE,
     FORMAT,
@@ -70,9 +87,11 @@ from tts_bridge.engines.chattts_onnx import (
     HEAD_TEXT_FILE,
     HOMOPHONES_FILE,
     SPK_STAT_NAME,
+    STREAM_PADS_KEY,
     TOKENIZER_DIR,
     TOKENIZER_FILES,
     VOCOS_FILE,
+    VOCOS_STREAM_FILE,
     WINDOW_FILE,
     external_data_path,
     write_manifest,
@@ -150,11 +169,15 @@ def export_chattts(
         config = chattts_config(dims, "")
         decoder = _load_decoder(asset / "Decoder.safetensors", config)
         written.extend(_with_data(_export_decoder(decoder, dims, dest / DECODER_FILE)))
+        written.extend(
+            _with_data(_export_stream(DecoderStream(decoder), dest / DECODER_STREAM_FILE))
+        )
         del decoder
 
         vocos = _load_vocos(asset / "Vocos.safetensors", config)
         written.append(_save_npy(dest / WINDOW_FILE, vocos.head.istft.window))
         written.extend(_with_data(_export_vocos(VocosSpectrum(vocos), dims, dest / VOCOS_FILE)))
+        written.extend(_with_data(_export_stream(VocosStream(vocos), dest / VOCOS_STREAM_FILE)))
         del vocos
 
     written.extend(_copy_tokenizer(asset / "tokenizer", dest / TOKENIZER_DIR))
@@ -165,7 +188,15 @@ def export_chattts(
     manifest = write_manifest(
         dest,
         [p.relative_to(dest).as_posix() for p in written],
-        variants={"fp32": {"gpt": GPT_FILE, "decoder": DECODER_FILE, "vocos": VOCOS_FILE}},
+        variants={
+            "fp32": {
+                "gpt": GPT_FILE,
+                "decoder": DECODER_FILE,
+                "vocos": VOCOS_FILE,
+                "decoder_stream": DECODER_STREAM_FILE,
+                "vocos_stream": VOCOS_STREAM_FILE,
+            }
+        },
         extra={"source": {"folder": src_checkpoint.name, "sha256": source}},
     )
     _LOGGER.info("Exported ChatTTS %s to %s (%d files)", src_checkpoint, dest, len(written) + 1)
@@ -459,6 +490,172 @@ def _export_vocos(spectrum: Any, dims: CheckpointDims, path: Path) -> Path:
     return path
 
 
+# -- streaming step graphs ----------------------------------------------------------------------
+
+
+def _conv_pad(conv: Any) -> int:
+    """A convolution's padding p, which must be its "same" padding dilation x (kernel // 2)."""
+    pad = int(conv.dilation[0]) * (int(conv.kernel_size[0]) // 2)
+    if int(conv.padding[0]) != pad or int(conv.stride[0]) != 1:
+        raise EngineError(f"{conv}: not a stride-1 convolution with 'same' zero padding")
+    return pad
+
+
+def _build_stream_base() -> type[Any]:
+    import torch
+    from torch.nn import functional
+
+    class _StreamStack(torch.nn.Module):
+        """Shared steps of the streaming graphs (see the module docs); ``pads`` lists each cached
+        convolution's p in the order of the graph's caches."""
+
+        pads: list[int]
+
+        def conv(
+            self, conv: Any, x: torch.Tensor, cache: torch.Tensor, flush: torch.Tensor
+        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            """(output, the buffer it read, the next cache) of one cached convolution."""
+            pad = _conv_pad(conv)
+            joined = torch.cat([cache, x], dim=2)
+            # (1, F) -> (1, channels, F x p) zeros: the right padding when F is 1.
+            right = (flush[:, None, :] * 0.0).repeat(1, int(conv.in_channels), pad)
+            buffer = torch.cat([joined, right], dim=2)
+            out = functional.conv1d(
+                buffer,
+                conv.weight,
+                conv.bias,
+                stride=1,
+                padding=0,
+                dilation=conv.dilation,
+                groups=conv.groups,
+            )
+            return out, buffer, joined[:, :, -2 * pad :]
+
+        def block(
+            self, block: Any, x: torch.Tensor, cache: torch.Tensor, flush: torch.Tensor
+        ) -> tuple[torch.Tensor, torch.Tensor]:
+            """A ConvNeXt block (ChatTTS's or Vocos's, no conditioning) and its next cache."""
+            pad = _conv_pad(block.dwconv)
+            y, buffer, new_cache = self.conv(block.dwconv, x, cache, flush)
+            # Output frame t adds input frame t, which sits p frames into the buffer.
+            residual = buffer[:, :, pad:-pad]
+            h = block.pwconv2(block.act(block.pwconv1(block.norm(y.transpose(1, 2)))))
+            scale = getattr(block, "gamma", None)
+            if scale is None:
+                scale = getattr(block, "weight", None)
+            if scale is not None:
+                h = scale * h
+            return residual + h.transpose(1, 2), new_cache
+
+    return _StreamStack
+
+
+def DecoderStream(dvae: Any) -> Any:  # noqa: N802 -- a factory, like GptStep
+    """ChatTTS's DVAE decode path (as ``decoder.onnx``) as a streaming step:
+    (hidden (1, H, new codes), flush, *caches) -> (mel (1, mels, frames), *next caches)."""
+    import torch
+
+    base = _build_stream_base()
+    inner = dvae.decoder
+    if int(inner.conv_out.kernel_size[0]) != 1:
+        raise EngineError("the DVAE decoder's conv_out is expected to be pointwise")
+
+    class _DecoderStream(base):  # type: ignore[misc,valid-type]
+        def __init__(self) -> None:
+            super().__init__()
+            self.dvae = dvae
+            self.half = int(inner.conv_in[0].in_channels)
+            convs = [inner.conv_in[0], inner.conv_in[2]]
+            convs += [b.dwconv for b in inner.decoder_block] + [dvae.out_conv]
+            self.pads = [_conv_pad(c) for c in convs]
+            self.channels = [int(c.in_channels) for c in convs]
+
+        def forward(self, hidden: torch.Tensor, flush: torch.Tensor, *caches: torch.Tensor) -> Any:
+            # decoder.onnx's view(b, 2, c/2, t).permute(0, 2, 3, 1) without a reshape to t: the
+            # flush may bring no new codes, and ONNX's Reshape reads a 0 in a shape as "keep".
+            half = self.half
+            x = torch.stack([hidden[:, :half], hidden[:, half:]], dim=3).flatten(2)
+            out: list[torch.Tensor] = []
+            x, _, cache = self.conv(inner.conv_in[0], x, caches[0], flush)
+            out.append(cache)
+            x = inner.conv_in[1](x)
+            x, _, cache = self.conv(inner.conv_in[2], x, caches[1], flush)
+            out.append(cache)
+            for index, block in enumerate(inner.decoder_block):
+                x, cache = self.block(block, x, caches[2 + index], flush)
+                out.append(cache)
+            x = inner.conv_out(x)
+            x, _, cache = self.conv(dvae.out_conv, x, caches[-1], flush)
+            out.append(cache)
+            return (x * dvae.coef, *out)
+
+    module = _DecoderStream().eval()
+    module.example = torch.randn(1, dvae.decoder.conv_in[0].in_channels * 2, _EXAMPLE_FRAMES)
+    module.data_names = (["hidden"], ["mel"])
+    return module
+
+
+def VocosStream(vocos: Any) -> Any:  # noqa: N802 -- a factory, like GptStep
+    """``VocosSpectrum`` as a streaming step: (mel (1, mels, new frames), flush, *caches) ->
+    (magnitude, phase (1, n_fft/2 + 1, frames), *next caches)."""
+    import torch
+
+    base = _build_stream_base()
+    backbone = vocos.backbone
+    if getattr(backbone, "adanorm", False):
+        raise EngineError("Vocos with AdaLayerNorm conditioning cannot be streamed")
+
+    class _VocosStream(base):  # type: ignore[misc,valid-type]
+        def __init__(self) -> None:
+            super().__init__()
+            self.backbone = backbone
+            self.out = vocos.head.out
+            convs = [backbone.embed] + [b.dwconv for b in backbone.convnext]
+            self.pads = [_conv_pad(c) for c in convs]
+            self.channels = [int(c.in_channels) for c in convs]
+
+        def forward(self, mel: torch.Tensor, flush: torch.Tensor, *caches: torch.Tensor) -> Any:
+            out: list[torch.Tensor] = []
+            x, _, cache = self.conv(backbone.embed, mel, caches[0], flush)
+            out.append(cache)
+            x = backbone.norm(x.transpose(1, 2)).transpose(1, 2)
+            for index, block in enumerate(backbone.convnext):
+                x, cache = self.block(block, x, caches[1 + index], flush)
+                out.append(cache)
+            x = self.out(backbone.final_layer_norm(x.transpose(1, 2))).transpose(1, 2)
+            mag, phase = x.chunk(2, dim=1)
+            mag = torch.clip(torch.exp(mag), max=1e2)
+            return (mag, phase, *out)
+
+    module = _VocosStream().eval()
+    module.example = torch.randn(1, int(backbone.input_channels), _EXAMPLE_FRAMES)
+    module.data_names = (["mel"], ["magnitude", "phase"])
+    return module
+
+
+def _export_stream(module: Any, path: Path) -> Path:
+    import torch
+
+    (data_in,), data_out = module.data_names
+    caches = [torch.randn(1, c, 2 * p) for c, p in zip(module.channels, module.pads, strict=True)]
+    flush = torch.zeros(1, 1)
+    names = [f"cache_{i}" for i in range(len(caches))]
+    next_names = [f"next_cache_{i}" for i in range(len(caches))]
+    axes: dict[str, dict[int, str]] = {data_in: {2: "steps"}, "flush": {1: "flush"}}
+    axes.update({name: {2: "frames"} for name in data_out})
+    axes.update({name: {2: f"{name}_frames"} for name in names + next_names})
+    _onnx_export(
+        module,
+        (module.example, flush, *caches),
+        path,
+        inputs=[data_in, "flush", *names],
+        outputs=[*data_out, *next_names],
+        axes=axes,
+        metadata={STREAM_PADS_KEY: ",".join(str(p) for p in module.pads)},
+    )
+    return path
+
+
 # -- helpers ------------------------------------------------------------------------------------
 
 
@@ -470,6 +667,7 @@ def _onnx_export(
     inputs: list[str],
     outputs: list[str],
     axes: dict[str, dict[int, str]],
+    metadata: Mapping[str, str] | None = None,
 ) -> None:
     import torch
 
@@ -491,6 +689,8 @@ def _onnx_export(
     # (578 vs 409 MB for the three graphs at full size).
     onnx = importlib.import_module("onnx")
     model = onnx.load(str(path))
+    if metadata:
+        onnx.helper.set_model_props(model, dict(metadata))
     data = external_data_path(path)
     data.unlink(missing_ok=True)
     onnx.save_model(
