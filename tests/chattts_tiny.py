@@ -43,9 +43,14 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 
+from tts_bridge.bench_chattts import (
+    BERT_SPECIAL_TOKENS,
+    save_safetensors,
+    write_bert_tokenizer,
+    write_spk_stat,
+)
 from tts_bridge.engines.chattts_torch import CHECKPOINT_FILES, SPK_STAT_FILE, ChatTTSEngine
 from tts_bridge.models import sha256_file
 
@@ -65,21 +70,6 @@ HEAD_DIM = 16
 DVAE_VQ_DIM = 32
 SMALL_CHANNELS = 16
 
-SPK_STAT_FORMAT = "chattts-spk-stat"
-
-# The 50 tokens ChatTTS appends to its BERT vocabulary, in upstream order. Everything from
-# [break_0] on is cut off refined text, so [break_0] must rank above every ordinary token.
-CHATTTS_SPECIAL_TOKENS: tuple[str, ...] = (
-    "[Sasr]", "[Pasr]", "[Easr]", "[Stts]", "[Ptts]", "[Etts]",
-    "[Sbreak]", "[Pbreak]", "[Ebreak]", "[uv_break]", "[v_break]",
-    "[lbreak]", "[llbreak]", "[undefine]", "[laugh]", "[spk_emb]", "[empty_spk]",
-    "[music]", "[pure]",
-    *(f"[break_{i}]" for i in range(8)),
-    *(f"[laugh_{i}]" for i in range(3)),
-    *(f"[oral_{i}]" for i in range(10)),
-    *(f"[speed_{i}]" for i in range(10)),
-)  # fmt: skip
-_BERT_SPECIAL = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 _PUNCTUATION = "，。、！？：；“”‘’（）,.!?:;'\"()-%°/"
 # Common characters of home announcements; anything else becomes [UNK], which is fine for noise.
 _CJK = (
@@ -124,7 +114,7 @@ def make_tiny_checkpoint(
         _write_dvae(asset / "DVAE.safetensors")
         _write_decoder(asset / "Decoder.safetensors", hidden_size)
         _write_vocos(asset / "Vocos.safetensors")
-    _write_spk_stat(asset / "spk_stat.json", hidden_size, seed)
+    write_spk_stat(asset / "spk_stat.json", hidden_size, seed)
     return dest
 
 
@@ -197,13 +187,6 @@ def run_torch_free(code: str, *args: str) -> dict[str, Any]:
 # -- writing the files ----------------------------------------------------------------------------
 
 
-def _save(module_state: dict[str, Any], path: Path) -> None:
-    from safetensors.torch import save_file
-
-    tensors = {name: tensor.detach().contiguous().clone() for name, tensor in module_state.items()}
-    save_file(tensors, str(path))
-
-
 def _write_gpt(folder: Path, hidden_size: int, num_layers: int) -> None:
     from transformers import LlamaConfig, LlamaModel
 
@@ -240,7 +223,7 @@ def _write_gpt(folder: Path, hidden_size: int, num_layers: int) -> None:
     llama_keys = {k: v for k, v in config.items() if k not in ("architectures", "torch_dtype")}
     model = LlamaModel(LlamaConfig(**llama_keys))
     state = {k: v for k, v in model.state_dict().items() if not k.startswith("embed_tokens.")}
-    _save(state, folder / "model.safetensors")
+    save_safetensors(state, folder / "model.safetensors")
 
 
 def _write_embed(path: Path, hidden_size: int, num_text_tokens: int) -> None:
@@ -254,7 +237,7 @@ def _write_embed(path: Path, hidden_size: int, num_text_tokens: int) -> None:
     eos = NUM_AUDIO_TOKENS - 1
     for index in range(NUM_VQ):
         state[f"head_code.{index}.parametrizations.weight.original0"][eos] = 0.0
-    _save(state, path)
+    save_safetensors(state, path)
 
 
 def _write_dvae(path: Path) -> None:
@@ -270,7 +253,7 @@ def _write_dvae(path: Path) -> None:
         vq_config=asdict(VQ(dim=DVAE_VQ_DIM, levels=(5, 5, 5, 5), G=2, R=2)),
         dim=dim,
     )
-    _save(dvae.state_dict(), path)
+    save_safetensors(dvae.state_dict(), path)
 
 
 def _write_decoder(path: Path, hidden_size: int) -> None:
@@ -280,7 +263,7 @@ def _write_decoder(path: Path, hidden_size: int) -> None:
     idim = hidden_size // 2  # ChatTTS folds each GPT hidden state into two mel frames
     config = Decoder(idim=idim, odim=idim, hidden=SMALL_CHANNELS, n_layer=1, bn_dim=8)
     decoder = DVAE(decoder_config=asdict(config), dim=idim)
-    _save(decoder.state_dict(), path)
+    save_safetensors(decoder.state_dict(), path)
 
 
 def _write_vocos(path: Path) -> None:
@@ -301,71 +284,16 @@ def _write_vocos(path: Path) -> None:
             dim=SMALL_CHANNELS, n_fft=N_FFT, hop_length=HOP_LENGTH, padding="center"
         ),
     )
-    _save(vocoder.state_dict(), path)
+    save_safetensors(vocoder.state_dict(), path)
 
 
 def _write_tokenizer(folder: Path) -> int:
     """A BERT WordPiece tokenizer with ChatTTS's special tokens appended; returns its size."""
-    from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers
-    from tokenizers.models import WordPiece
-
     letters = "abcdefghijklmnopqrstuvwxyz0123456789"
     # dict.fromkeys drops repeated characters and keeps the order (the ids stay stable).
-    pieces = list(dict.fromkeys([*_BERT_SPECIAL, *(_PUNCTUATION + letters + _CJK)]))
+    pieces = list(dict.fromkeys([*BERT_SPECIAL_TOKENS, *(_PUNCTUATION + letters + _CJK)]))
     pieces.extend(f"##{c}" for c in letters)
-    vocab = {piece: index for index, piece in enumerate(pieces)}
-
-    tokenizer = Tokenizer(WordPiece(vocab, unk_token="[UNK]", max_input_chars_per_word=100))
-    tokenizer.normalizer = normalizers.BertNormalizer(
-        clean_text=True, handle_chinese_chars=True, strip_accents=None, lowercase=True
-    )
-    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    tokenizer.decoder = decoders.WordPiece(prefix="##")
-    tokenizer.add_special_tokens([*_BERT_SPECIAL, *CHATTTS_SPECIAL_TOKENS])
-    tokenizer.save(str(folder / "tokenizer.json"))
-
-    special = {
-        "cls_token": "[CLS]",
-        "mask_token": "[MASK]",
-        "pad_token": "[PAD]",
-        "sep_token": "[SEP]",
-        "unk_token": "[UNK]",
-    }
-    config = {
-        **special,
-        "tokenizer_class": "BertTokenizerFast",
-        "do_lower_case": True,
-        "tokenize_chinese_chars": True,
-        "strip_accents": None,
-        "clean_up_tokenization_spaces": True,
-        "model_max_length": 1 << 20,
-        "padding_side": "left",
-    }
-    _write_json(folder / "tokenizer_config.json", config)
-    _write_json(folder / "special_tokens_map.json", special)
-    return tokenizer.get_vocab_size(with_added_tokens=True)
-
-
-def _write_spk_stat(path: Path, hidden_size: int, seed: int) -> None:
-    pybase16384 = importlib.import_module("pybase16384")
-    rng = np.random.default_rng(seed)
-    std = rng.uniform(0.5, 1.5, hidden_size)
-    mean = rng.normal(0.0, 0.2, hidden_size)
-    stat = np.concatenate([std, mean]).astype(np.float16)
-    encoded = pybase16384.encode_to_string(stat.tobytes())
-    _write_json(
-        path,
-        {
-            "format": SPK_STAT_FORMAT,
-            "version": 1,
-            "hidden_size": hidden_size,
-            "spk_stat": encoded,
-        },
-    )
-
-
-def _write_json(path: Path, data: dict[str, Any]) -> None:
-    path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    return write_bert_tokenizer(folder, pieces)
 
 
 if __name__ == "__main__":

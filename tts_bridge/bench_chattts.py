@@ -111,9 +111,9 @@ def default_first_audio_codes(text: str = FIRST_AUDIO_TEXT) -> int:
     return math.ceil(expected_seconds(text, SPEED_LEVEL) * TOKENS_PER_SECOND)
 
 
-_BERT_SPECIAL = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+BERT_SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 # ChatTTS's 50 tokens in upstream order; [break_0] must rank above every ordinary token.
-_CHATTTS_SPECIAL = (
+CHATTTS_SPECIAL_TOKENS: tuple[str, ...] = (
     "[Sasr]", "[Pasr]", "[Easr]", "[Stts]", "[Ptts]", "[Etts]",
     "[Sbreak]", "[Pbreak]", "[Ebreak]", "[uv_break]", "[v_break]",
     "[lbreak]", "[llbreak]", "[undefine]", "[laugh]", "[spk_emb]", "[empty_spk]",
@@ -157,11 +157,12 @@ def write_random_checkpoint(
         torch.manual_seed(seed)
         _write_gpt(asset / "gpt", hidden_size, num_layers, heads)
         _write_codec(asset, hidden_size, vocab_size)
-    _write_spk_stat(dest / SPK_STAT_FILE, hidden_size, seed)
+    write_spk_stat(dest / SPK_STAT_FILE, hidden_size, seed)
     return dest
 
 
-def _save(state: dict[str, Any], path: Path) -> None:
+def save_safetensors(state: dict[str, Any], path: Path) -> None:
+    """A module's state dict as a safetensors file (contiguous copies, as torch saves them)."""
     from safetensors.torch import save_file
 
     save_file({k: v.detach().contiguous().clone() for k, v in state.items()}, str(path))
@@ -201,7 +202,7 @@ def _write_gpt(folder: Path, hidden_size: int, num_layers: int, heads: int) -> N
     llama = {k: v for k, v in config.items() if k not in ("architectures", "torch_dtype")}
     # Saved whole, embed_tokens included, as LlamaModel.save_pretrained writes it: loading then
     # reads and drops that matrix just as it does with the released file.
-    _save(LlamaModel(LlamaConfig(**llama)).state_dict(), folder / "model.safetensors")
+    save_safetensors(LlamaModel(LlamaConfig(**llama)).state_dict(), folder / "model.safetensors")
 
 
 def _write_codec(asset: Path, hidden_size: int, num_text_tokens: int) -> None:
@@ -215,7 +216,7 @@ def _write_codec(asset: Path, hidden_size: int, num_text_tokens: int) -> None:
     instantiate = importlib.import_module("vocos.pretrained").instantiate_class
     official = Config()
 
-    _save(
+    save_safetensors(
         Embed(hidden_size, NUM_AUDIO_TOKENS, num_text_tokens, NUM_VQ).state_dict(),
         asset / "Embed.safetensors",
     )
@@ -225,7 +226,7 @@ def _write_codec(asset: Path, hidden_size: int, num_text_tokens: int) -> None:
         vq_config=asdict(official.dvae.vq),
         dim=official.dvae.decoder.idim,
     )
-    _save(dvae.state_dict(), asset / "DVAE.safetensors")
+    save_safetensors(dvae.state_dict(), asset / "DVAE.safetensors")
     # The decoder reads each GPT hidden state folded into two mel frames: idim = hidden / 2
     # (384 for the official model); its own width and depth are ChatTTS's.
     size = official.decoder
@@ -236,7 +237,7 @@ def _write_codec(asset: Path, hidden_size: int, num_text_tokens: int) -> None:
         n_layer=size.n_layer,
         bn_dim=size.bn_dim,
     )
-    _save(
+    save_safetensors(
         DVAE(decoder_config=asdict(decoder), dim=decoder.idim).state_dict(),
         asset / "Decoder.safetensors",
     )
@@ -245,31 +246,37 @@ def _write_codec(asset: Path, hidden_size: int, num_text_tokens: int) -> None:
         backbone=instantiate(args=(), init=asdict(official.vocos.backbone)),
         head=instantiate(args=(), init=asdict(official.vocos.head)),
     )
-    _save(vocoder.state_dict(), asset / "Vocos.safetensors")
+    save_safetensors(vocoder.state_dict(), asset / "Vocos.safetensors")
 
 
 def _write_tokenizer(folder: Path) -> int:
     """A BERT WordPiece tokenizer of the official size; returns its length (21178)."""
+    letters = "abcdefghijklmnopqrstuvwxyz0123456789"
+    punctuation = "，。、！？：；“”‘’（）,.!?:;'\"()-%°/"
+    pieces = list(dict.fromkeys([*BERT_SPECIAL_TOKENS, *punctuation, *letters]))
+    pieces.extend(f"##{c}" for c in letters)
+    # CJK characters fill the ordinary vocabulary, as in bert-base-chinese.
+    ordinary = NUM_TEXT_TOKENS - len(CHATTTS_SPECIAL_TOKENS)
+    cjk = (chr(c) for r in (range(0x4E00, 0xA000), range(0x3400, 0x4DC0)) for c in r)
+    pieces.extend(next(cjk) for _ in range(ordinary - len(pieces)))
+    return write_bert_tokenizer(folder, pieces)
+
+
+def write_bert_tokenizer(folder: Path, pieces: list[str]) -> int:
+    """Save a BERT WordPiece tokenizer over ``pieces`` (ids in order) with ChatTTS's special
+    tokens appended, as ChatTTS's tokenizer folder holds it; returns its length. Shared by the
+    bench's official-size checkpoint and the tests' tiny one."""
     from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers
     from tokenizers.models import WordPiece
 
-    letters = "abcdefghijklmnopqrstuvwxyz0123456789"
-    punctuation = "，。、！？：；“”‘’（）,.!?:;'\"()-%°/"
-    pieces = list(dict.fromkeys([*_BERT_SPECIAL, *punctuation, *letters]))
-    pieces.extend(f"##{c}" for c in letters)
-    # CJK characters fill the ordinary vocabulary, as in bert-base-chinese.
-    ordinary = NUM_TEXT_TOKENS - len(_CHATTTS_SPECIAL)
-    cjk = (chr(c) for r in (range(0x4E00, 0xA000), range(0x3400, 0x4DC0)) for c in r)
-    pieces.extend(next(cjk) for _ in range(ordinary - len(pieces)))
     vocab = {piece: index for index, piece in enumerate(pieces)}
-
     tokenizer = Tokenizer(WordPiece(vocab, unk_token="[UNK]", max_input_chars_per_word=100))
     tokenizer.normalizer = normalizers.BertNormalizer(
         clean_text=True, handle_chinese_chars=True, strip_accents=None, lowercase=True
     )
     tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tokenizer.decoder = decoders.WordPiece(prefix="##")
-    tokenizer.add_special_tokens([*_BERT_SPECIAL, *_CHATTTS_SPECIAL])
+    tokenizer.add_special_tokens([*BERT_SPECIAL_TOKENS, *CHATTTS_SPECIAL_TOKENS])
     tokenizer.save(str(folder / "tokenizer.json"))
     special = {
         "cls_token": "[CLS]",
@@ -288,19 +295,20 @@ def _write_tokenizer(folder: Path) -> int:
         "model_max_length": 1 << 20,
         "padding_side": "left",
     }
-    _write_json(folder / "tokenizer_config.json", config)
-    _write_json(folder / "special_tokens_map.json", special)
+    write_json(folder / "tokenizer_config.json", config)
+    write_json(folder / "special_tokens_map.json", special)
     size: int = tokenizer.get_vocab_size(with_added_tokens=True)
     return size
 
 
-def _write_spk_stat(path: Path, hidden_size: int, seed: int) -> None:
+def write_spk_stat(path: Path, hidden_size: int, seed: int) -> None:
+    """Random speaker statistics in the project's spk_stat.json format (seeded)."""
     pybase16384 = importlib.import_module("pybase16384")
     rng = np.random.default_rng(seed)
     stat = np.concatenate(
         [rng.uniform(0.5, 1.5, hidden_size), rng.normal(0.0, 0.2, hidden_size)]
     ).astype(np.float16)
-    _write_json(
+    write_json(
         path,
         {
             "format": SPK_STAT_FORMAT,
@@ -311,7 +319,7 @@ def _write_spk_stat(path: Path, hidden_size: int, seed: int) -> None:
     )
 
 
-def _write_json(path: Path, data: dict[str, Any]) -> None:
+def write_json(path: Path, data: dict[str, Any]) -> None:
     path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
