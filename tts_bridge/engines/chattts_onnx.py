@@ -29,6 +29,7 @@ torch's sampler; under greedy decoding both produce identical codes (see the par
 
 from __future__ import annotations
 
+import functools
 import gc
 import hashlib
 import json
@@ -657,7 +658,9 @@ class ChatTTSOnnxModel:
             between = time.perf_counter()
             hiddens[:, step] = hidden
             # (B, num_vq, steps) -> (B*num_vq, steps): ChatTTS's logits_token row order.
-            history = codes[:, :step].transpose(0, 2, 1).reshape(batch * self.num_vq, step)
+            # Only the penalty window: copying all codes so far made each step grow with it.
+            recent = codes[:, max(0, step - PENALTY_WINDOW) : step]
+            history = recent.transpose(0, 2, 1).reshape(batch * self.num_vq, recent.shape[1])
             flat = logits.reshape(batch * self.num_vq, self.num_codes)
             picked = sampler(flat, history, step).reshape(batch, self.num_vq)
             codes[:, step] = picked
@@ -1244,8 +1247,10 @@ class ChatTTSOnnxEngine:
     def precision(self) -> Precision:
         return self._precision
 
-    @property
+    @functools.cached_property
     def identity(self) -> str:
+        # Once per engine: it is part of every cache key (each lookup would otherwise read and
+        # parse manifest.json); the files it names are verified against it at every load.
         expected = self._expected_hashes()
         lines = "".join(f"{rel}={expected.get(rel, '').lower()}\n" for rel in self.files())
         digest = hashlib.sha256(lines.encode("utf-8")).hexdigest()
@@ -1255,7 +1260,7 @@ class ChatTTSOnnxEngine:
     def loaded(self) -> bool:
         return self._loaded is not None
 
-    @property
+    @functools.cached_property
     def hidden_size(self) -> int:
         config = _read_json(self._folder / CONFIG_FILE)
         try:

@@ -15,6 +15,7 @@ cheap, and the helpers that only look at strings and file headers (``validate_sp
 from __future__ import annotations
 
 import ctypes
+import functools
 import gc
 import hashlib
 import importlib
@@ -679,8 +680,9 @@ class ChatTTSEngine:
     def sample_rate(self) -> int:
         return SAMPLE_RATE
 
-    @property
+    @functools.cached_property
     def identity(self) -> str:
+        # Once per engine: it is part of every cache key.
         expected = self._expected_hashes()
         files = self._required_files(expected)
         lines = "".join(f"{rel}={expected.get(rel, '').lower()}\n" for rel in files)
