@@ -451,7 +451,11 @@ class Bridge:
             budget_ms=request.latency_budget_ms,
         )
         if route.voice is not plan.voice:
-            cost = self._synth.uncached_cost_s(route.voice, plan.sentences)
+            # The fast voice's cost, with the options and cache use it will render with.
+            options = self._synth.options_for_plan(route.voice, plan)
+            cost = self._synth.uncached_cost_s(
+                route.voice, plan.sentences, options, use_cache=request.use_cache
+            )
         return route, cost
 
     # synthesis threads

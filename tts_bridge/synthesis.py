@@ -357,8 +357,11 @@ class Synthesizer:
             )
         return Plan(voice, sentences, spoken, dict(options or {}), self.options_for(voice, options))
 
-    def _fast_options(self, voice: Voice, plan: Plan) -> SynthesisOptions:
-        """Options for the fast voice: the request's speed carries over, engine-only ones not."""
+    def options_for_plan(self, voice: Voice, plan: Plan) -> SynthesisOptions:
+        """The options `voice` renders `plan` with: the plan's own for its voice; for the fast
+        voice, the request's speed carries over, engine-only options do not."""
+        if voice is plan.voice:
+            return plan.options
         speed = plan.overrides.get("speed")
         return self.options_for(voice, {"speed": speed} if speed is not None else None)
 
@@ -391,7 +394,7 @@ class Synthesizer:
         is made, as the request's stream messages (`StreamNumbering`): one per sentence, or
         several for an engine that streams within a sentence; joined, they are the rendering's
         audio (`volume` aside)."""
-        options = plan.options if voice is plan.voice else self._fast_options(voice, plan)
+        options = self.options_for_plan(voice, plan)
         sample_rate = voice.engine.sample_rate
         pause = self._pause(sample_rate)
         numbering = (
