@@ -111,7 +111,6 @@ class Scheduler:
         self._stop = threading.Event()
         self._wake = threading.Event()
         self.background_running = False
-        self.background_done = 0
         self._workers = [
             threading.Thread(target=self._live_loop, name=f"synth-{i}", daemon=True)
             for i in range(concurrency)
@@ -252,7 +251,7 @@ class Scheduler:
         while not self._stop.is_set():
             self._slots.acquire()
             with self._lock:
-                live_first = self._live_waiting > 0 or not self._live.empty()
+                live_first = self._live_pending()
             if not live_first:
                 break
             self._slots.release()  # a live job is waiting: it goes first
@@ -265,7 +264,6 @@ class Scheduler:
             # arrives (the task then leaves its work queued for the next idle moment).
             with interruptible(self._live_pending):
                 task()
-            self.background_done += 1
         except SynthesisInterruptedError:
             _LOGGER.debug("Background task gave way to live work")
         except Exception:
