@@ -136,7 +136,9 @@ def export_chattts(
     Needs the 'chattts' extra plus ``onnx`` and ``onnxscript``; runs once per checkpoint.
     """
     if expected_sha256 is not None:
-        _verify_source(src_checkpoint, expected_sha256)
+        source = _verify_source(src_checkpoint, expected_sha256)
+    else:
+        source = {rel: sha256_file(src_checkpoint / rel) for rel in _source_files(src_checkpoint)}
     dims = read_checkpoint(src_checkpoint)
     dest.mkdir(parents=True, exist_ok=True)
     asset = src_checkpoint / "asset"
@@ -184,7 +186,6 @@ def export_chattts(
     written.append(_write_spk_stat(src_checkpoint, dims, dest / SPK_STAT_NAME))
     written.append(_copy_homophones(dest / HOMOPHONES_FILE))
     written.append(_write_config(dims, gpt_config, dest / CONFIG_FILE))
-    source = {rel: sha256_file(src_checkpoint / rel) for rel in _source_files(src_checkpoint)}
     manifest = write_manifest(
         dest,
         [p.relative_to(dest).as_posix() for p in written],
@@ -818,7 +819,10 @@ def _source_files(src: Path) -> list[str]:
     return files
 
 
-def _verify_source(src: Path, expected: Mapping[str, str]) -> None:
+def _verify_source(src: Path, expected: Mapping[str, str]) -> dict[str, str]:
+    """Check the checkpoint against ``expected``; returns the hashes (read once, then recorded
+    in the export's manifest as its source)."""
+    hashes: dict[str, str] = {}
     for rel in _source_files(src):
         want = expected.get(rel)
         if want is None:
@@ -828,3 +832,5 @@ def _verify_source(src: Path, expected: Mapping[str, str]) -> None:
         actual = sha256_file(src / rel)
         if actual != want.lower():
             raise EngineError(f"{src / rel}: sha256 mismatch (expected {want}, got {actual})")
+        hashes[rel] = actual
+    return hashes
