@@ -124,8 +124,9 @@ def _prerender_all(probe: MqttProbe, phrases: list[str]) -> dict[str, Any]:
     while True:
         health: dict[str, Any] = _api(probe, "health_check")["data"]
         done = health["background_done"]["prerender"] == len(phrases)
-        if (done and health["background_pending"] == 0) or time.monotonic() > deadline:
+        if done and health["background_pending"] == 0:
             return health
+        assert time.monotonic() < deadline, f"idle work not done in {WAIT_S} s: {health}"
         time.sleep(0.3)
 
 

@@ -29,6 +29,8 @@ import yaml
 from tts_bridge.config import Settings
 
 BASE = "bench_tts"
+UPGRADE_WAIT_S = 300.0
+"""How long the routing scenario waits for the idle thread to upgrade the fast answers."""
 _BURST_TEXTS = [
     "The {n} washing machine has finished its cycle. Please empty it soon.",
     "Reminder number {n}: the recycling goes out tonight. Do not forget the glass.",
@@ -183,10 +185,13 @@ def measure_routing(settings: Settings, count: int = 12) -> list[dict[str, Any]]
                 last = row.pop("last_answer")
                 upgrade_s = None
                 if row["tiers"].get("fast"):
+                    deadline = time.monotonic() + UPGRADE_WAIT_S
                     while True:  # until the idle thread has rendered every fast answer
                         health = session.api("health_check")
                         if health["background_pending"] == 0 and not health["background_running"]:
                             break
+                        if time.monotonic() > deadline:
+                            raise RuntimeError(f"upgrades not done in {UPGRADE_WAIT_S} s: {health}")
                         time.sleep(0.2)
                     upgrade_s = round(time.perf_counter() - last, 1)
                 rows.append({"routing": label, "budget_ms": budget, **row, "upgraded_s": upgrade_s})
