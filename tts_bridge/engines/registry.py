@@ -83,6 +83,8 @@ class OnnxExport:
     """Recorded in the user manifest (``models export`` does that)."""
     source: Mapping[str, str]
     """Relative path -> SHA-256 of the torch checkpoint files it was exported from."""
+    has_int8: bool = False
+    """It has INT8 graphs too (`models quantize`)."""
 
 
 @dataclass
@@ -155,7 +157,8 @@ def find_chattts_exports(models_dir: Path) -> list[OnnxExport]:
         if not isinstance(source, dict):
             continue
         hashes = {str(rel): str(digest).lower() for rel, digest in source.items()}
-        exports.append(OnnxExport(folder, name, recorded, hashes))
+        int8 = "int8" in data["variants"]
+        exports.append(OnnxExport(folder, name, recorded, hashes, int8))
     exports.sort(key=lambda e: (not e.recorded, e.name))
     return exports
 
@@ -282,12 +285,10 @@ class EnginePool:
             if model is not None and not model.exists():
                 raise EngineError(f"voices.{name}.model: {model} does not exist")
             if voice.engine == "chattts":
-                before = set(self._voices)
-                chattts = self._chattts_voice(name, voice, model)  # may add its INT8 tier
-                added = {k: self._voices.pop(k) for k in set(self._voices) - before}
-                self._voices[name] = chattts
-                self._voices.update(added)  # listed after the voice it serves
-                chosen = self._voices[name]
+                chosen, fast = self._chattts_voice(name, voice, model)
+                self._voices[name] = chosen
+                if fast is not None:  # its INT8 tier, listed after it
+                    self._voices[fast.name] = fast
                 _LOGGER.info(
                     "Voice %s: ChatTTS on %s (%s)", name, chosen.backend, chosen.backend_note
                 )
@@ -341,7 +342,9 @@ class EnginePool:
                 )
             return engine
 
-    def _chattts_voice(self, name: str, voice: VoiceSettings, model: Path | None) -> Voice:
+    def _chattts_voice(
+        self, name: str, voice: VoiceSettings, model: Path | None
+    ) -> tuple[Voice, Voice | None]:
         """A ChatTTS voice on the backend its settings ask for (see VoiceSettings.backend)."""
 
         resolved = voice
@@ -359,7 +362,7 @@ class EnginePool:
 
         if voice.backend == "torch" or model is None:
             # No model: _build_engine refuses it with the reason.
-            return on_torch("set by the voice (backend: torch)")
+            return on_torch("set by the voice (backend: torch)"), None
         export, why = self._find_export(model)
         if export is None:
             if voice.backend == "onnx":
@@ -368,7 +371,7 @@ class EnginePool:
                     f"run: tts-bridge models export chattts --from {model} "
                     f"--to {self._models_dir / (model.name + '-onnx')}"
                 )
-            return on_torch(f"auto: {why}")
+            return on_torch(f"auto: {why}"), None
         engine = self._engine(
             "chattts-onnx", export.folder, "fp32", voice.tier or "quality", variant=":backend"
         )
@@ -378,24 +381,18 @@ class EnginePool:
             fallback.voices[name] = on_torch
         fast = self._int8_fast_voice(name, voice, export)
         if fast is not None:
-            self._voices[fast.name] = fast
             resolved = voice.model_copy(update={"fast_voice": fast.name})
             note += f"; fast tier {fast.name} (INT8 graphs, same speaker)"
-        return Voice(name, engine, voice.spk_emb, resolved, "onnx", note)
+        return Voice(name, engine, voice.spk_emb, resolved, "onnx", note), fast
 
     def _int8_fast_voice(self, name: str, voice: VoiceSettings, export: OnnxExport) -> Voice | None:
         """The same speaker on the export's INT8 graphs, as the fast tier of a ChatTTS voice
         that has none configured: under load the voice keeps its timbre instead of switching to
         another engine's speaker, and its sentences are re-rendered in FP32 at idle."""
-        from tts_bridge.engines.chattts_onnx import read_manifest
-
         fast_name = f"{name}_int8"
         if voice.fast_voice not in (None, AUTO_FAST_VOICE) or fast_name in self._settings.voices:
             return None
-        try:
-            if "int8" not in read_manifest(export.folder)["variants"]:
-                return None
-        except EngineError:
+        if not export.has_int8:
             return None
         settings = VoiceSettings(
             engine="chattts-onnx",
