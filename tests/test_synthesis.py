@@ -133,7 +133,13 @@ def test_models_load_at_normal_priority_even_from_the_idle_thread(tmp_path: Path
     worker.start()
     worker.join(60)
     assert engine.loaded
-    new = {tid: nice for tid, nice in _thread_nice().items() if tid not in before}
+    # The worker itself (nice +5) may still be listed for a moment after join() returns: the OS
+    # thread exits after Python's bookkeeping does.
+    new = {
+        tid: nice
+        for tid, nice in _thread_nice().items()
+        if tid not in before and tid != worker.native_id
+    }
     assert new, "onnxruntime started no thread (2 intra-op threads were asked for)"
     assert set(new.values()) == {normal}, new
     pool.unload_all()
