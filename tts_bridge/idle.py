@@ -33,8 +33,7 @@ from pathlib import Path
 from typing import Literal
 
 from tts_bridge.config import Settings
-from tts_bridge.engines.base import SynthesisInterruptedError, SynthesisOptions
-from tts_bridge.engines.chattts_torch import expected_seconds
+from tts_bridge.engines.base import BatchEngine, SynthesisInterruptedError, SynthesisOptions
 from tts_bridge.engines.registry import UnknownVoiceError, Voice
 from tts_bridge.synthesis import RequestError, Synthesizer, prepare_text
 from tts_bridge.textlog import short
@@ -175,13 +174,12 @@ class IdleWork:
     ) -> list[IdleItem]:
         """Uncached sentences of the same voice and source to render with `item`, if any."""
         size = self._settings.scheduler.idle_batch_size
-        if size <= 1 or not hasattr(voice.engine, "synthesize_batch"):
+        engine = voice.engine
+        if size <= 1 or not isinstance(engine, BatchEngine):
             return []
-        prepare = getattr(voice.engine, "prepare_text", None)
-        speed_level = getattr(options, "speed_level", 5)
 
         def seconds(sentence: str) -> float:
-            return expected_seconds(prepare(sentence) if prepare else sentence, speed_level)
+            return engine.speech_seconds(engine.prepare_text(sentence), options)
 
         with self._lock:
             if (item.voice, item.sentence) in self._alone:

@@ -20,7 +20,13 @@ import numpy as np
 from tts_bridge import audio
 from tts_bridge.cache import CacheKey, SentenceCache
 from tts_bridge.config import Settings
-from tts_bridge.engines.base import Engine, EngineError, FloatAudio, SynthesisOptions
+from tts_bridge.engines.base import (
+    BatchEngine,
+    Engine,
+    EngineError,
+    FloatAudio,
+    SynthesisOptions,
+)
 from tts_bridge.engines.registry import BackendFallbackError, EnginePool, Voice
 from tts_bridge.routing import CostEstimator
 from tts_bridge.text.sentences import clean, has_cjk, is_speakable, split_sentences
@@ -432,24 +438,19 @@ class Synthesizer:
         self, voice: Voice, texts: list[str], options: SynthesisOptions
     ) -> list[SentenceAudio]:
         """Several sentences of one voice into the cache, the uncached ones synthesized in one
-        `synthesize_batch` call when the engine has it (background work; `index` is the
-        position in `texts`).
+        `synthesize_batch` call when the engine is a `BatchEngine` (background work; `index`
+        is the position in `texts`).
 
         Each is looked up and stored exactly as `sentence` does (same key, same PCM, counted
         in `stats`). A sentence the engine cannot take in one generation, and every sentence
-        of an engine without `synthesize_batch`, goes through `sentence` alone, after the batch.
+        of an engine that does not batch, goes through `sentence` alone, after the batch.
         ChatTTS seeds a batch as a whole, so a sentence's audio depends on its batch-mates: a
         valid rendering for its key, not the one `sentence` would have made.
         The estimator is not taught from a batch: it predicts a live request, which runs alone,
         and a batch's time per character is several times lower.
         """
-        from tts_bridge.engines.chattts_torch import split_for_generation, strip_control_tags
-        from tts_bridge.text.sentences import is_speakable
-
         engine = voice.engine
-        batch = getattr(engine, "synthesize_batch", None)
-        prepare = getattr(engine, "prepare_text", None)
-        speed_level = getattr(options, "speed_level", 5)
+        batching = engine if isinstance(engine, BatchEngine) else None
         results: dict[int, SentenceAudio] = {}
         together: list[tuple[int, str]] = []  # (index, the text of its one generation)
         alone: list[int] = []
@@ -458,19 +459,21 @@ class Synthesizer:
             if hit is not None and hit.sample_rate == engine.sample_rate:
                 results[index] = SentenceAudio(index, text, hit.pcm, cached=True)
                 continue
-            # As the engine's own `synthesize` splits it (after `sentence`'s spelling out).
-            spoken = strip_control_tags(prepare(text) if prepare is not None else text)
-            pieces = [p for p in split_for_generation(spoken, speed_level) if is_speakable(p)]
-            if batch is None or len(pieces) > 1:
+            if batching is None:
+                alone.append(index)
+                continue
+            # Split as the engine's own `synthesize` splits what `sentence` gives it.
+            pieces = batching.generations(batching.prepare_text(text), options)
+            if len(pieces) > 1:
                 alone.append(index)
             else:
                 together.append((index, pieces[0] if pieces else ""))
         if together:
-            assert batch is not None
+            assert batching is not None
             self._ensure_loaded(engine)
             started = time.perf_counter()
             try:
-                clips = batch([spoken for _, spoken in together], voice.speaker, options)
+                clips = batching.synthesize_batch([p for _, p in together], voice.speaker, options)
             except EngineError:
                 raise
             except Exception as exc:  # an engine bug must fail this work, not the bridge

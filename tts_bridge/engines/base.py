@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol, runtime_checkable
 
@@ -107,3 +107,31 @@ class Engine(Protocol):
         ...
 
     def unload(self) -> None: ...
+
+
+@runtime_checkable
+class BatchEngine(Protocol):
+    """An engine that can speak several short texts in one call (ChatTTS ONNX): background work
+    batches the sentences that each fit one of its generations.
+
+    Methods only, not an extension of ``Engine``: ``isinstance`` checks every member, which on
+    Python 3.11 evaluates properties (``identity`` hashes the model's file list).
+    """
+
+    def prepare_text(self, text: str) -> str:
+        """``text`` as the engine's text front end needs it (what ``synthesize`` is given)."""
+        ...
+
+    def generations(self, text: str, options: SynthesisOptions) -> list[str]:
+        """The texts a prepared ``text`` is spoken as, one per generation (none: silence)."""
+        ...
+
+    def speech_seconds(self, text: str, options: SynthesisOptions) -> float:
+        """Expected seconds of speech of a prepared ``text``."""
+        ...
+
+    def synthesize_batch(
+        self, texts: Sequence[str], speaker: str | None, options: SynthesisOptions
+    ) -> list[FloatAudio]:
+        """One clip per text, each text one generation (from ``generations``)."""
+        ...

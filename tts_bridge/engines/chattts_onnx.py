@@ -31,14 +31,12 @@ from __future__ import annotations
 
 import functools
 import gc
-import hashlib
 import json
 import logging
 import re
-import threading
 import time
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -52,20 +50,20 @@ from tts_bridge.engines.base import (
     Tier,
     check_interrupt,
 )
-from tts_bridge.engines.chattts_torch import (
+from tts_bridge.engines.chattts_base import (
     DEFAULT_SPEAKER_SEED,
+    ChatTTSEngineBase,
     ChatTTSOptions,
     SpeakerStats,
     decode_spk_emb,
     expected_seconds,
     max_new_tokens,
-    read_spk_stat_file,
+    read_json,
     sample_spk_emb,
-    spell_out,
-    split_for_generation,
     strip_control_tags,
     validate_spk_emb,
 )
+from tts_bridge.engines.chattts_torch import read_spk_stat_file
 from tts_bridge.models import sha256_file
 from tts_bridge.text.sentences import is_speakable
 from tts_bridge.textlog import short
@@ -493,7 +491,7 @@ class ChatTTSOnnxModel:
         import onnxruntime as ort
         from tokenizers import Tokenizer
 
-        config = _read_json(folder / CONFIG_FILE)
+        config = read_json(folder / CONFIG_FILE)
         try:
             self.hidden_size = int(config["hidden_size"])
             self.num_layers = int(config["num_hidden_layers"])
@@ -1189,7 +1187,7 @@ class _Loaded:
     """The refine pass, loaded on the first request with refine_text."""
 
 
-class ChatTTSOnnxEngine:
+class ChatTTSOnnxEngine(ChatTTSEngineBase[_Loaded]):
     """ChatTTS from an ONNX export, on onnxruntime (FP32 or INT8). Cheap to construct.
 
     ``expected_sha256`` maps each file of the export (relative path) to its hex sha256, as the
@@ -1202,13 +1200,8 @@ class ChatTTSOnnxEngine:
 
     name = "chattts-onnx"
     tier: Tier = "fast"
-    options_type = ChatTTSOptions
-
-    @staticmethod
-    def prepare_text(text: str) -> str:
-        return spell_out(text)
-
-    languages = frozenset({"zh", "en"})
+    _label = "ChatTTS ONNX"
+    _artifact = "export"
 
     def __init__(
         self,
@@ -1223,46 +1216,30 @@ class ChatTTSOnnxEngine:
         default_speaker: str | None = None,
         hasher: Callable[[Path], str] = sha256_file,
     ) -> None:
-        self._folder = folder
+        super().__init__(
+            folder,
+            expected_sha256=expected_sha256,
+            threads=threads,
+            defaults=defaults,
+            default_speaker=default_speaker,
+            hasher=hasher,
+        )
         self._precision: Precision = precision
-        self._expected = dict(expected_sha256) if expected_sha256 is not None else None
-        self._threads = max(1, threads)
         self._arena = arena
         self._spinning = spinning
-        self._defaults = defaults or ChatTTSOptions()
-        self._default_speaker = default_speaker
-        self._hasher = hasher
-        # One generation at a time: the sessions could run concurrently, but two loops would
-        # only split the same cores (batching several texts is the way to use them).
-        self._lock = threading.RLock()
-        self._loaded: _Loaded | None = None
 
-    # -- identity and metadata -------------------------------------------------------------
-
-    @property
-    def sample_rate(self) -> int:
-        return SAMPLE_RATE
+    # -- metadata --------------------------------------------------------------------------
 
     @property
     def precision(self) -> Precision:
         return self._precision
 
-    @functools.cached_property
-    def identity(self) -> str:
-        # Once per engine: it is part of every cache key (each lookup would otherwise read and
-        # parse manifest.json); the files it names are verified against it at every load.
-        expected = self._expected_hashes()
-        lines = "".join(f"{rel}={expected.get(rel, '').lower()}\n" for rel in self.files())
-        digest = hashlib.sha256(lines.encode("utf-8")).hexdigest()
-        return f"{self.name}:{self._folder.name}:{self._precision}:{digest[:16]}"
-
-    @property
-    def loaded(self) -> bool:
-        return self._loaded is not None
+    def _identity_fields(self) -> tuple[str, ...]:
+        return (self._precision,)
 
     @functools.cached_property
     def hidden_size(self) -> int:
-        config = _read_json(self._folder / CONFIG_FILE)
+        config = read_json(self._folder / CONFIG_FILE)
         try:
             return int(config["hidden_size"])
         except (KeyError, TypeError, ValueError) as exc:
@@ -1278,8 +1255,8 @@ class ChatTTSOnnxEngine:
         data = {external_data_path(Path(g)).as_posix() for g in graphs}
         return (*COMMON_FILES, *sorted(graphs | (data & set(manifest["files"]))))
 
-    def validate_speaker(self, spk_emb: str) -> None:
-        validate_spk_emb(spk_emb, self.hidden_size)
+    def _required_files(self, expected: Mapping[str, str]) -> tuple[str, ...]:
+        return self.files()
 
     def speaker_stats(self) -> SpeakerStats:
         loaded = self._loaded
@@ -1288,16 +1265,7 @@ class ChatTTSOnnxEngine:
         self._verify_file(SPK_STAT_NAME, self._expected_hashes())
         return read_spk_stat_file(self._folder / SPK_STAT_NAME, self.hidden_size)
 
-    def sample_speaker(self, seed: int) -> str:
-        """The same spk_emb for ``seed`` as the torch engine (numpy's seeded generator)."""
-        return sample_spk_emb(self.speaker_stats(), seed)
-
     # -- load / unload ---------------------------------------------------------------------
-
-    def load(self) -> None:
-        with self._lock:
-            if self._loaded is None:
-                self._loaded = self._load_locked()
 
     def _load_locked(self) -> _Loaded:
         started = time.monotonic()
@@ -1343,26 +1311,6 @@ class ChatTTSOnnxEngine:
         )
         return _Loaded(model, stats, default_speaker)
 
-    def verify(self) -> None:
-        """Hash every file this precision needs; EngineError names a missing or bad file."""
-        expected = self._expected_hashes()
-        for rel in self.files():
-            self._verify_file(rel, expected)
-
-    def _verify_file(self, rel: str, expected: Mapping[str, str]) -> None:
-        path = self._folder / rel
-        want = expected.get(rel)
-        if want is None:
-            raise EngineError(f"{path}: no expected sha256 for this file")
-        if not path.is_file():
-            raise EngineError(f"{path}: missing (ChatTTS ONNX export incomplete)")
-        actual = self._hasher(path)
-        if actual != want.lower():
-            raise EngineError(
-                f"{path}: sha256 mismatch: expected {want.lower()}, actual {actual}; "
-                "refusing to load a modified or corrupt model file"
-            )
-
     def unload(self) -> None:
         with self._lock:
             if self._loaded is None:
@@ -1380,8 +1328,7 @@ class ChatTTSOnnxEngine:
         chosen = self._options(options)
         if speaker is not None:
             self.validate_speaker(speaker)
-        chunks = split_for_generation(strip_control_tags(text), chosen.speed_level)
-        for chunk in filter(is_speakable, chunks):
+        for chunk in self.generations(text, chosen):
             (audio,) = self.synthesize_batch([chunk], speaker, chosen)
             if audio.size:
                 yield audio
@@ -1406,8 +1353,7 @@ class ChatTTSOnnxEngine:
         chosen = self._options(options)
         if speaker is not None:
             self.validate_speaker(speaker)
-        chunks = split_for_generation(strip_control_tags(text), chosen.speed_level)
-        texts = [c for c in chunks if is_speakable(strip_control_tags(c))]
+        texts = self.generations(text, chosen)
         for number, chunk in enumerate(texts):
             for audio, more in self._stream(chunk, speaker, chosen):
                 if audio.size:
@@ -1418,16 +1364,15 @@ class ChatTTSOnnxEngine:
     def _stream(
         self, text: str, speaker: str | None, chosen: ChatTTSOptions
     ) -> Iterator[tuple[FloatAudio, bool]]:
-        """One generation of one text: (audio, more follows) as the samples become final.
+        """One generation of one text (from ``generations``): (audio, more follows) as the
+        samples become final.
 
         Holds the engine's lock until the generation ends (or the iterator is closed).
         """
-        spoken = [strip_control_tags(text)]
+        spoken = [text]
         params, budgets = self._sampling(spoken, chosen)
         with self._lock:
-            if self._loaded is None:
-                self._loaded = self._load_locked()
-            loaded = self._loaded
+            loaded = self._loaded_locked()
             model = loaded.model
             _LOGGER.debug(
                 "ChatTTS ONNX, streaming: %s (max %d tokens, seed %d)",
@@ -1488,9 +1433,7 @@ class ChatTTSOnnxEngine:
         params, budgets = self._sampling(spoken, chosen)
         budget = params.max_new_token
         with self._lock:
-            if self._loaded is None:
-                self._loaded = self._load_locked()
-            loaded = self._loaded
+            loaded = self._loaded_locked()
             model = loaded.model
             prompts = self._code_prompts(loaded, spoken, chosen)
             _LOGGER.debug(
@@ -1536,16 +1479,6 @@ class ChatTTSOnnxEngine:
             cleaned = self._refine(loaded, cleaned, spoken, chosen)
         return [code_prompt(t, chosen.speed_level, True) for t in cleaned]
 
-    def _options(self, options: SynthesisOptions) -> ChatTTSOptions:
-        if isinstance(options, ChatTTSOptions):
-            chosen = options
-        else:
-            try:
-                chosen = replace(self._defaults, speed=options.speed)
-            except ValueError as exc:
-                raise EngineError(f"ChatTTS cannot use these options: {exc}") from exc
-        return chosen
-
     def _refine(
         self, loaded: _Loaded, cleaned: list[str], spoken: list[str], chosen: ChatTTSOptions
     ) -> list[str]:
@@ -1569,13 +1502,3 @@ class ChatTTSOnnxEngine:
             return self._expected
         files: dict[str, str] = read_manifest(self._folder)["files"]
         return files
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise EngineError(f"{path}: unreadable: {exc}") from exc
-    if not isinstance(data, dict):
-        raise EngineError(f"{path}: expected a JSON object")
-    return data

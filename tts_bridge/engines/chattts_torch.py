@@ -8,33 +8,27 @@ own files, so a fine-tune, the official weights and the tests' tiny random check
 through the same code.
 
 Nothing here imports torch at module level: ``import tts_bridge.engines.chattts_torch`` stays
-cheap, and the helpers that only look at strings and file headers (``validate_spk_emb``,
-``read_checkpoint``, ``split_for_generation``) work without torch.
+cheap, and the helpers that only look at strings and file headers (``read_checkpoint`` here;
+``validate_spk_emb``, ``split_for_generation`` and the rest of ``chattts_base``, re-exported
+here) work without torch.
 """
 
 from __future__ import annotations
 
 import ctypes
-import functools
 import gc
-import hashlib
-import importlib
 import importlib.util
 import json
 import logging
-import lzma
-import math
 import re
 import struct
 import sys
-import threading
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 
 from tts_bridge.engines.base import (
     EngineError,
@@ -44,22 +38,69 @@ from tts_bridge.engines.base import (
     check_interrupt,
     interrupt_requested,
 )
+from tts_bridge.engines.chattts_base import (
+    DEFAULT_SPEAKER_SEED,
+    MAX_CHUNK_SECONDS,
+    MAX_GENERATION_SECONDS,
+    SAMPLE_RATE,
+    SAMPLES_PER_TOKEN,
+    TOKENS_PER_SECOND,
+    ChatTTSEngineBase,
+    ChatTTSOptions,
+    SpeakerError,
+    SpeakerStats,
+    decode_spk_emb,
+    encode_spk_emb,
+    expected_seconds,
+    max_new_tokens,
+    read_json,
+    sample_spk_emb,
+    spell_out,
+    split_for_generation,
+    strip_control_tags,
+    validate_spk_emb,
+)
 from tts_bridge.models import sha256_file
-from tts_bridge.text.sentences import is_speakable, split_sentences
 from tts_bridge.textlog import short
 
-_LOGGER = logging.getLogger(__name__)
+# The torch-free names that moved to chattts_base are still imported from here.
+__all__ = [
+    "CHECKPOINT_FILES",
+    "DEFAULT_SPEAKER_SEED",
+    "HOP_LENGTH",
+    "MAX_CHUNK_SECONDS",
+    "MAX_GENERATION_SECONDS",
+    "NUM_AUDIO_TOKENS",
+    "NUM_VQ",
+    "N_MELS",
+    "SAMPLES_PER_TOKEN",
+    "SAMPLE_RATE",
+    "SPK_STAT_FILE",
+    "SPK_STAT_FORMAT",
+    "TOKENS_PER_SECOND",
+    "ChatTTSEngine",
+    "ChatTTSOptions",
+    "CheckpointDims",
+    "ConvStackDims",
+    "SpeakerError",
+    "SpeakerStats",
+    "chattts_config",
+    "decode_spk_emb",
+    "encode_spk_emb",
+    "expected_seconds",
+    "max_new_tokens",
+    "official_sha256",
+    "read_checkpoint",
+    "read_spk_stat_file",
+    "safetensors_shapes",
+    "sample_spk_emb",
+    "spell_out",
+    "split_for_generation",
+    "strip_control_tags",
+    "validate_spk_emb",
+]
 
-SAMPLE_RATE = 24_000
-SAMPLES_PER_TOKEN = 512
-"""One GPT step becomes two mel frames of hop 256 samples."""
-TOKENS_PER_SECOND = SAMPLE_RATE / SAMPLES_PER_TOKEN
-MAX_CHUNK_SECONDS = 25.0
-"""Longest expected audio per generation: ChatTTS degrades past about 30 s."""
-MAX_GENERATION_SECONDS = 30.0
-"""Hard cap on one generation (max_new_token), whatever the estimate said."""
-DEFAULT_SPEAKER_SEED = 0
-"""The voice used when a request names no speaker: stable across sentences and restarts."""
+_LOGGER = logging.getLogger(__name__)
 
 # ChatTTS 0.2.5 hard-wires these: the EOS code is num_audio_tokens - 1 = 625 = 5**4, the size of
 # the DVAE quantizer's codebook, and its DVAE and decoder always produce 100 mel channels.
@@ -84,212 +125,7 @@ SPK_STAT_FILE = "asset/spk_stat.json"
 """Speaker statistics of a non-official checkpoint (the official ones are built into ChatTTS)."""
 SPK_STAT_FORMAT = "chattts-spk-stat"
 
-# ChatTTS compresses speaker embeddings with exactly these settings (ChatTTS/model/speaker.py).
-_LZMA_FILTERS = [{"id": lzma.FILTER_LZMA2, "preset": 9 | lzma.PRESET_EXTREME}]
-_MAX_SPK_EMB_CHARS = 65_536
 _MAX_SAFETENSORS_HEADER = 64 << 20
-
-# Bracketed control tokens a request may carry through to ChatTTS; any other tag (speaker,
-# speed or sequence markers such as [spk_emb], [speed_9], [Ptts]) could hijack the prompt.
-_ALLOWED_TAGS = frozenset({"[uv_break]", "[v_break]", "[lbreak]", "[laugh]"})
-_TAG = re.compile(r"\[[^\[\]\s]*\]")
-_LETTER_HYPHEN = re.compile(r"(?<=[A-Za-z])-(?=[A-Za-z])")
-_LATIN_WORD = re.compile(r"[A-Za-z]+(?:['’][A-Za-z]+)?")
-_PAUSE_MARK = re.compile(r"[，。、！？；：,.!?;:…]|\[(?:uv_break|v_break|lbreak)\]")
-_CLAUSE_END = re.compile(r"(?<=[，、；：,;:])\s*")
-_CJK_RANGES = "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
-_CJK_CHAR = re.compile(f"[{_CJK_RANGES}]")
-# Where an over-long clause may be cut: before any CJK character or Latin word.
-_HARD_PIECE = re.compile(f"[{_CJK_RANGES}]|[^\\s{_CJK_RANGES}]+\\s*|\\s+")
-
-# Speaking-time estimates at [speed_5], deliberately on the slow side: an overestimate only
-# makes one more, shorter generation, an underestimate lets a generation run past ~30 s.
-_SECONDS_PER_CJK_CHAR = 0.26
-_SECONDS_PER_LATIN_WORD = 0.40
-_SECONDS_PER_PAUSE = 0.25
-_SECONDS_FLOOR = 0.5
-
-
-# -- options ------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ChatTTSOptions(SynthesisOptions):
-    """Per-request ChatTTS controls; every field changes the audio, so all go into the cache key.
-
-    ``speed`` (inherited, 1.0 = the model's own pace) maps to ChatTTS's ``[speed_N]`` prompt with
-    N = round(5 x speed), so 0.2..1.8 covers ``[speed_1]``..``[speed_9]``.
-    """
-
-    temperature: float = 0.3
-    """Sampling temperature of the audio codes (ChatTTS's default 0.3; higher = livelier)."""
-    top_P: float = 0.7  # noqa: N815 -- ChatTTS's own parameter name
-    """Nucleus sampling mass of the audio codes."""
-    top_K: int = 20  # noqa: N815 -- ChatTTS's own parameter name
-    """Number of most likely audio codes sampled from."""
-    refine_text: bool = False
-    """Let ChatTTS rewrite the text first (adds pauses, fillers, laughs); slower, less literal."""
-    oral_level: int | None = None
-    """Refine prompt [oral_0..9]: how colloquial the refined text gets (refine_text only)."""
-    laugh_level: int | None = None
-    """Refine prompt [laugh_0..2]: how much laughter the refiner inserts (refine_text only)."""
-    break_level: int | None = None
-    """Refine prompt [break_0..7]: how many pauses the refiner inserts (refine_text only)."""
-    seed: int = 0
-    """Sampling seed; the same seed, text, speaker and thread count give the same audio."""
-
-    def __post_init__(self) -> None:
-        if not 0.2 <= self.speed <= 1.8:
-            raise ValueError(f"speed {self.speed} out of range 0.2..1.8 ([speed_1]..[speed_9])")
-        if not 0.0 < self.temperature <= 1.0:
-            raise ValueError(f"temperature {self.temperature} out of range (0, 1]")
-        if not 0.0 < self.top_P <= 1.0:
-            raise ValueError(f"top_P {self.top_P} out of range (0, 1]")
-        if not 1 <= self.top_K <= 100:
-            raise ValueError(f"top_K {self.top_K} out of range 1..100")
-        if not 0 <= self.seed < 2**32:
-            raise ValueError(f"seed {self.seed} out of range 0..2**32-1")
-        for name, value, top in (
-            ("oral_level", self.oral_level, 9),
-            ("laugh_level", self.laugh_level, 2),
-            ("break_level", self.break_level, 7),
-        ):
-            if value is None:
-                continue
-            if not 0 <= value <= top:
-                raise ValueError(f"{name} {value} out of range 0..{top}")
-            if not self.refine_text:
-                # Without the refine pass these prompts would silently do nothing.
-                raise ValueError(f"{name} only has an effect with refine_text enabled")
-
-    @property
-    def speed_level(self) -> int:
-        """N of ChatTTS's [speed_N] prompt (5 = normal)."""
-        return math.floor(self.speed * 5 + 0.5)
-
-    @property
-    def refine_prompt(self) -> str:
-        parts = (
-            ("oral", self.oral_level),
-            ("laugh", self.laugh_level),
-            ("break", self.break_level),
-        )
-        return "".join(f"[{name}_{value}]" for name, value in parts if value is not None)
-
-    def cache_fields(self) -> dict[str, object]:
-        return {
-            "speed": self.speed_level,
-            "temperature": round(self.temperature, 4),
-            "top_P": round(self.top_P, 4),
-            "top_K": self.top_K,
-            "refine_text": self.refine_text,
-            "refine_prompt": self.refine_prompt,
-            "seed": self.seed,
-        }
-
-
-# -- speaker embeddings ---------------------------------------------------------------------------
-
-
-class SpeakerError(EngineError, ValueError):
-    """A malformed spk_emb string. A ValueError too, so config validators report it as such."""
-
-
-@dataclass(frozen=True)
-class SpeakerStats:
-    """Per-dimension std and mean of a checkpoint's speaker embeddings (float16, like ChatTTS)."""
-
-    std: npt.NDArray[np.float16]
-    mean: npt.NDArray[np.float16]
-
-    @property
-    def hidden_size(self) -> int:
-        return int(self.std.size)
-
-    @classmethod
-    def decode(cls, encoded: str, hidden_size: int, source: str) -> SpeakerStats:
-        """Decode ChatTTS's spk_stat string: base16384 of float16 [std..., mean...]."""
-        b14 = _pybase16384()
-        values = np.frombuffer(b14.decode_from_string(encoded), dtype=np.float16)
-        if values.size != 2 * hidden_size:
-            raise EngineError(
-                f"{source}: speaker statistics hold {values.size} values, "
-                f"need {2 * hidden_size} (std and mean of hidden size {hidden_size})"
-            )
-        std, mean = values[:hidden_size].copy(), values[hidden_size:].copy()
-        if not (np.isfinite(values).all() and (std > 0).all()):
-            raise EngineError(f"{source}: speaker statistics must be finite with std > 0")
-        return cls(std=std, mean=mean)
-
-
-def encode_spk_emb(embedding: npt.NDArray[np.float16]) -> str:
-    """Encode a speaker embedding exactly as ChatTTS's Speaker._encode does."""
-    b14 = _pybase16384()
-    data = np.ascontiguousarray(embedding, dtype=np.float16).tobytes()
-    packed = lzma.compress(data, format=lzma.FORMAT_RAW, filters=_LZMA_FILTERS)
-    encoded: str = b14.encode_to_string(packed)
-    return encoded
-
-
-def decode_spk_emb(spk_emb: str, hidden_size: int | None = None) -> npt.NDArray[np.float16]:
-    """Decode a spk_emb string as ChatTTS does (base16384, raw LZMA2, float16); see validate."""
-    if not isinstance(spk_emb, str) or not spk_emb.strip():
-        raise SpeakerError("spk_emb is empty")
-    if len(spk_emb) > _MAX_SPK_EMB_CHARS:
-        raise SpeakerError(f"spk_emb is {len(spk_emb)} characters long; that is no speaker")
-    b14 = _pybase16384()
-    try:
-        packed = b14.decode_from_string(spk_emb.strip())
-    except (ValueError, TypeError) as exc:
-        raise SpeakerError(f"spk_emb is not base16384 text: {exc}") from exc
-    # Bounded: a crafted string must not inflate to gigabytes.
-    limit = 2 * hidden_size + 1 if hidden_size is not None else _MAX_SPK_EMB_CHARS * 4
-    decompressor = lzma.LZMADecompressor(format=lzma.FORMAT_RAW, filters=_LZMA_FILTERS)
-    try:
-        data = decompressor.decompress(packed, max_length=limit)
-    except lzma.LZMAError as exc:
-        raise SpeakerError(f"spk_emb does not decompress ({exc}); it is damaged") from exc
-    if len(data) % 2 or not data:
-        raise SpeakerError(f"spk_emb decodes to {len(data)} bytes, not float16 values")
-    return np.frombuffer(data, dtype=np.float16).copy()
-
-
-def validate_spk_emb(spk_emb: str, hidden_size: int | None = None) -> None:
-    """Reject a malformed spk_emb string cheaply (no torch); raises SpeakerError.
-
-    ``hidden_size`` (the GPT hidden size, 768 for the official model) is checked when known.
-    A one-character change can still decode to a valid, different voice; the voices file keeps
-    a hash beside each embedding for that.
-    """
-    values = decode_spk_emb(spk_emb, hidden_size)
-    if hidden_size is not None and values.size != hidden_size:
-        raise SpeakerError(f"spk_emb has {values.size} values, this checkpoint needs {hidden_size}")
-    if not np.isfinite(values).all():
-        raise SpeakerError("spk_emb contains NaN or infinite values")
-    if not values.any():
-        raise SpeakerError("spk_emb is all zeros")
-
-
-def sample_spk_emb(stats: SpeakerStats, seed: int) -> str:
-    """A deterministic speaker for ``seed``: N(0, 1) x std + mean, as ChatTTS samples them.
-
-    numpy's seeded generator is used rather than torch's, so a voice can be made without torch
-    and the global torch RNG is never touched.
-    """
-    rng = np.random.default_rng(seed)
-    normal = rng.standard_normal(stats.hidden_size, dtype=np.float32)
-    embedding = normal * stats.std.astype(np.float32) + stats.mean.astype(np.float32)
-    return encode_spk_emb(embedding.astype(np.float16))
-
-
-def _pybase16384() -> Any:
-    try:
-        # An untyped C extension; importlib keeps mypy from asking for stubs it has none of.
-        return importlib.import_module("pybase16384")
-    except ImportError as exc:
-        raise EngineError(
-            "ChatTTS speaker embeddings need the 'chattts' extra (pybase16384 is missing)"
-        ) from exc
 
 
 # -- checkpoint inspection (no torch) ---------------------------------------------------------
@@ -356,7 +192,7 @@ def safetensors_shapes(path: Path) -> dict[str, tuple[int, ...]]:
 def read_checkpoint(folder: Path) -> CheckpointDims:
     """Derive ChatTTS's model sizes from a checkpoint folder; EngineError names what is wrong."""
     asset = folder / "asset"
-    gpt = _read_json(asset / "gpt" / "config.json")
+    gpt = read_json(asset / "gpt" / "config.json")
     embed = safetensors_shapes(asset / "Embed.safetensors")
     decoder = safetensors_shapes(asset / "Decoder.safetensors")
     dvae = safetensors_shapes(asset / "DVAE.safetensors")
@@ -462,16 +298,6 @@ def _shape(shapes: Mapping[str, tuple[int, ...]], key: str, path: Path) -> tuple
         raise EngineError(f"{path}: tensor {key} is missing; not a ChatTTS checkpoint?") from None
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise EngineError(f"{path}: unreadable: {exc}") from exc
-    if not isinstance(data, dict):
-        raise EngineError(f"{path}: expected a JSON object")
-    return data
-
-
 def official_sha256() -> dict[str, str]:
     """ChatTTS's own hashes of its official files, keyed by path relative to the checkpoint.
 
@@ -481,7 +307,7 @@ def official_sha256() -> dict[str, str]:
     if spec is None or not spec.submodule_search_locations:
         raise EngineError("the ChatTTS package is not installed (install the 'chattts' extra)")
     package = Path(next(iter(spec.submodule_search_locations)))
-    raw = _read_json(package / "res" / "sha256_map.json")
+    raw = read_json(package / "res" / "sha256_map.json")
     return {rel: str(raw[_sha256_map_key(rel)]) for rel in CHECKPOINT_FILES}
 
 
@@ -512,7 +338,7 @@ def _sha256_map_key(rel: str) -> str:
 
 def read_spk_stat_file(path: Path, hidden_size: int) -> SpeakerStats:
     """Speaker statistics from ``asset/spk_stat.json`` (format in tests/chattts_tiny.py)."""
-    data = _read_json(path)
+    data = read_json(path)
     if data.get("format") != SPK_STAT_FORMAT or data.get("version") != 1:
         raise EngineError(f"{path}: not a {SPK_STAT_FORMAT} version 1 file")
     if data.get("hidden_size") != hidden_size:
@@ -523,100 +349,6 @@ def read_spk_stat_file(path: Path, hidden_size: int) -> SpeakerStats:
     if not isinstance(encoded, str):
         raise EngineError(f"{path}: 'spk_stat' must be a base16384 string")
     return SpeakerStats.decode(encoded, hidden_size, str(path))
-
-
-# -- text chunking ------------------------------------------------------------------------------
-
-
-def expected_seconds(text: str, speed_level: int = 5) -> float:
-    """A generous estimate of how long ChatTTS takes to say ``text`` at [speed_N]."""
-    base = (
-        len(_CJK_CHAR.findall(text)) * _SECONDS_PER_CJK_CHAR
-        + len(_LATIN_WORD.findall(text)) * _SECONDS_PER_LATIN_WORD
-        + len(_PAUSE_MARK.findall(text)) * _SECONDS_PER_PAUSE
-    )
-    return max(base, _SECONDS_FLOOR) * 5.0 / max(speed_level, 1)
-
-
-def split_for_generation(
-    text: str, speed_level: int = 5, max_seconds: float = MAX_CHUNK_SECONDS
-) -> list[str]:
-    """Split text into pieces of at most ``max_seconds`` expected audio each.
-
-    Whole sentences are packed together while they fit; a sentence that does not fit is cut at
-    clause punctuation, and a clause that still does not fit between words (or CJK characters).
-    """
-    pieces: list[str] = []
-    for sentence in split_sentences(text):
-        pieces.extend(_fit(sentence, speed_level, max_seconds))
-    return _pack(pieces, speed_level, max_seconds)
-
-
-def _fit(sentence: str, speed_level: int, max_seconds: float) -> list[str]:
-    if expected_seconds(sentence, speed_level) <= max_seconds:
-        return [sentence]
-    out: list[str] = []
-    for clause in filter(None, (c.strip() for c in _CLAUSE_END.split(sentence))):
-        if expected_seconds(clause, speed_level) <= max_seconds:
-            out.append(clause)
-            continue
-        current = ""
-        for piece in _HARD_PIECE.findall(clause):
-            if current and expected_seconds(current + piece, speed_level) > max_seconds:
-                out.append(current.strip())
-                current = ""
-            current += piece
-        if current.strip():
-            out.append(current.strip())
-    return out
-
-
-def _pack(pieces: list[str], speed_level: int, max_seconds: float) -> list[str]:
-    chunks: list[str] = []
-    current = ""
-    for piece in pieces:
-        candidate = _join(current, piece)
-        if current and expected_seconds(candidate, speed_level) > max_seconds:
-            chunks.append(current)
-            current = piece
-        else:
-            current = candidate
-    if current:
-        chunks.append(current)
-    return chunks
-
-
-def _join(left: str, right: str) -> str:
-    if not left:
-        return right
-    # Latin text needs a space between pieces; CJK text must not get one.
-    glue = " " if left[-1].isascii() or right[0].isascii() else ""
-    return f"{left}{glue}{right}"
-
-
-def max_new_tokens(expected_s: float) -> int:
-    """The token budget of one generation: twice the estimate plus slack, capped at 30 s."""
-    seconds = min(MAX_GENERATION_SECONDS, 2.0 * expected_s + 2.0)
-    return math.ceil(seconds * TOKENS_PER_SECOND)
-
-
-def spell_out(text: str) -> str:
-    """Spell out numbers, times and units: ChatTTS's own normalizer deletes digits.
-
-    Its normalizer also turns a hyphen into a comma and drops apostrophes, so a hyphen
-    between letters ("twenty-one") becomes a space and "o'clock" is written apart.
-    """
-    from tts_bridge.text.normalize import normalize
-
-    spoken = normalize(text)
-    spoken = _LETTER_HYPHEN.sub(" ", spoken)
-    return spoken.replace("o'clock", "o clock").replace("o’clock", "o clock")
-
-
-def strip_control_tags(text: str) -> str:
-    """Drop bracketed tags a request must not smuggle into the prompt; keep pause/laugh tags."""
-    kept = _TAG.sub(lambda m: m.group(0) if m.group(0) in _ALLOWED_TAGS else " ", text)
-    return " ".join(kept.split())
 
 
 # -- the engine ---------------------------------------------------------------------------------
@@ -632,7 +364,7 @@ class _Loaded:
     default_speaker: str
 
 
-class ChatTTSEngine:
+class ChatTTSEngine(ChatTTSEngineBase[_Loaded]):
     """ChatTTS on torch for one local checkpoint folder. Cheap to construct; loads on first use.
 
     ``expected_sha256`` maps each file's path relative to ``checkpoint`` (``asset/gpt/config.json``
@@ -643,12 +375,9 @@ class ChatTTSEngine:
 
     name = "chattts"
     tier: Tier = "quality"
-    languages = frozenset({"zh", "en"})
-    options_type = ChatTTSOptions
-
-    @staticmethod
-    def prepare_text(text: str) -> str:
-        return spell_out(text)
+    _label = "ChatTTS"
+    _artifact = "checkpoint"
+    _unhashed_hint = "; record the model in the manifest first (tts-bridge models add)"
 
     def __init__(
         self,
@@ -661,37 +390,18 @@ class ChatTTSEngine:
         default_speaker: str | None = None,
         hasher: Callable[[Path], str] = sha256_file,
     ) -> None:
-        self._folder = checkpoint
-        self._expected = dict(expected_sha256) if expected_sha256 is not None else None
-        self._threads = max(1, threads)
+        super().__init__(
+            checkpoint,
+            expected_sha256=expected_sha256,
+            threads=threads,
+            defaults=defaults,
+            default_speaker=default_speaker,
+            hasher=hasher,
+        )
         self._device = device
-        self._defaults = defaults or ChatTTSOptions()
-        self._default_speaker = default_speaker
-        self._hasher = hasher
-        # One lock for the model and every generation: ChatTTS's seeded sampler is a single
-        # torch.Generator per model, so two concurrent generations would reseed each other.
-        self._lock = threading.RLock()
-        self._loaded: _Loaded | None = None
         self._hidden_size: int | None = None
 
-    # -- identity and metadata -------------------------------------------------------------
-
-    @property
-    def sample_rate(self) -> int:
-        return SAMPLE_RATE
-
-    @functools.cached_property
-    def identity(self) -> str:
-        # Once per engine: it is part of every cache key.
-        expected = self._expected_hashes()
-        files = self._required_files(expected)
-        lines = "".join(f"{rel}={expected.get(rel, '').lower()}\n" for rel in files)
-        digest = hashlib.sha256(lines.encode("utf-8")).hexdigest()
-        return f"chattts:{self._folder.name}:{digest[:16]}"
-
-    @property
-    def loaded(self) -> bool:
-        return self._loaded is not None
+    # -- metadata --------------------------------------------------------------------------
 
     @property
     def is_official(self) -> bool:
@@ -702,16 +412,12 @@ class ChatTTSEngine:
     def hidden_size(self) -> int:
         """The GPT hidden size (the length of a speaker embedding), from config.json."""
         if self._hidden_size is None:
-            config = _read_json(self._folder / "asset" / "gpt" / "config.json")
+            config = read_json(self._folder / "asset" / "gpt" / "config.json")
             try:
                 self._hidden_size = int(config["hidden_size"])
             except (KeyError, TypeError, ValueError) as exc:
                 raise EngineError(f"{self._folder}: config.json has no hidden_size") from exc
         return self._hidden_size
-
-    def validate_speaker(self, spk_emb: str) -> None:
-        """Raise SpeakerError unless ``spk_emb`` is a well-formed speaker for this checkpoint."""
-        validate_spk_emb(spk_emb, self.hidden_size)
 
     def speaker_stats(self) -> SpeakerStats:
         """The checkpoint's speaker statistics (verified), without loading the model."""
@@ -720,16 +426,7 @@ class ChatTTSEngine:
             return loaded.stats
         return self._read_stats(self.hidden_size, self.is_official, verify=True)
 
-    def sample_speaker(self, seed: int) -> str:
-        """A deterministic spk_emb for ``seed`` drawn from this checkpoint's statistics."""
-        return sample_spk_emb(self.speaker_stats(), seed)
-
     # -- load / unload ---------------------------------------------------------------------
-
-    def load(self) -> None:
-        with self._lock:
-            if self._loaded is None:
-                self._loaded = self._load_locked()
 
     def _load_locked(self) -> _Loaded:
         import time
@@ -746,7 +443,7 @@ class ChatTTSEngine:
 
         torch.set_num_threads(self._threads)
         chat = chattts.Chat(logging.getLogger(f"{__name__}.chattts"))
-        chat.config = chattts_config(dims, _encode_stats(stats))
+        chat.config = chattts_config(dims, stats.encode())
         # source="custom" re-checks the files against this map and never downloads or renames
         # (source="local" would move a mismatching file to .bak and fetch a replacement). The
         # map holds the hashes verified above, in ChatTTS's key format.
@@ -780,29 +477,6 @@ class ChatTTSEngine:
         )
         return _Loaded(chat, dims, stats, default_speaker)
 
-    def verify(self, expected: Mapping[str, str] | None = None) -> None:
-        """Hash every file the model needs; EngineError names a missing or mismatching file."""
-        expected = expected if expected is not None else self._expected_hashes()
-        for rel in self._required_files(expected):
-            self._verify_file(rel, expected)
-
-    def _verify_file(self, rel: str, expected: Mapping[str, str]) -> None:
-        path = self._folder / rel
-        want = expected.get(rel)
-        if want is None:
-            raise EngineError(
-                f"{path}: no expected sha256 for this file; record the model in the "
-                "manifest first (tts-bridge models add)"
-            )
-        if not path.is_file():
-            raise EngineError(f"{path}: missing (ChatTTS checkpoint incomplete)")
-        actual = self._hasher(path)
-        if actual != want.lower():
-            raise EngineError(
-                f"{path}: sha256 mismatch: expected {want.lower()}, actual {actual}; "
-                "refusing to load a modified or corrupt model file"
-            )
-
     def unload(self) -> None:
         with self._lock:
             if self._loaded is None:
@@ -828,27 +502,15 @@ class ChatTTSEngine:
         chosen = self._options(options)
         if speaker is not None:
             self.validate_speaker(speaker)
-        chunks = split_for_generation(strip_control_tags(text), chosen.speed_level)
-        # Punctuation or emoji alone would make ChatTTS babble rather than stay silent.
-        for chunk in filter(is_speakable, chunks):
+        for chunk in self.generations(text, chosen):
             audio = self._generate(chunk, speaker, chosen)
             if audio.size:
                 yield audio
 
-    def _options(self, options: SynthesisOptions) -> ChatTTSOptions:
-        if isinstance(options, ChatTTSOptions):
-            return options
-        try:
-            return replace(self._defaults, speed=options.speed)
-        except ValueError as exc:
-            raise EngineError(f"ChatTTS cannot use these options: {exc}") from exc
-
     def _generate(self, text: str, speaker: str | None, options: ChatTTSOptions) -> FloatAudio:
         budget = max_new_tokens(expected_seconds(text, options.speed_level))
         with self._lock:
-            if self._loaded is None:
-                self._loaded = self._load_locked()
-            loaded = self._loaded
+            loaded = self._loaded_locked()
             # Fresh parameter objects every call: infer() writes into the ones it is given
             # (a shared default would keep the first call's txt_smp/spk_smp forever).
             code_params = loaded.chat.InferCodeParams(
@@ -914,13 +576,6 @@ class ChatTTSEngine:
         if verify:
             self._verify_file(SPK_STAT_FILE, self._expected_hashes())
         return read_spk_stat_file(path, hidden_size)
-
-
-def _encode_stats(stats: SpeakerStats) -> str:
-    b14 = _pybase16384()
-    data = np.concatenate([stats.std, stats.mean]).astype(np.float16).tobytes()
-    encoded: str = b14.encode_to_string(data)
-    return encoded
 
 
 def chattts_config(dims: CheckpointDims, spk_stat: str) -> Any:
