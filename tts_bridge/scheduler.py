@@ -1,18 +1,21 @@
 """Synthesis scheduling: live requests first, background work only when the bridge is idle.
 
-- Live jobs wait in a bounded queue served by `concurrency` worker threads, in arrival order
-  except that fast-tier jobs (a few milliseconds each) go before queued quality jobs: they were
-  routed there because the quality queue is long. `submit_live` never blocks, so a flood is
-  answered 'busy' instead of growing memory.
+- Live jobs wait in a bounded queue served by `concurrency` worker threads, in arrival order.
+  `submit_live` never blocks, so a flood is answered 'busy' instead of growing memory.
+- Fast-tier jobs (`urgent`) have a lane of their own: one worker that needs no synthesis slot.
+  They were routed there because the quality tier would miss the latency budget, so they must
+  not wait for the quality job running in the slot (a ChatTTS sentence on torch takes seconds;
+  hibari takes milliseconds and shares the CPUs with it).
 - Background work (pre-rendering, quality upgrades, learned phrases) runs on one thread at a
   lower OS priority, one task at a time (a sentence, or a bounded batch of short ones: see
   idle.py), only when no live job is queued or running, the last live request is
   `idle_delay_s` old and other processes use at most `idle_max_load` cores.
-- Both kinds share `concurrency` synthesis slots. A live job that arrives during a background
-  task waits for that one task at most: the background thread gives its slot up to any
-  waiting live job before starting the next one. Engines that generate step by step (ChatTTS
-  on ONNX or torch) stop a background task within one step instead (`interruptible`): the
-  task leaves its sentences queued and they are rendered again at the next idle moment.
+- Live quality jobs and background tasks share `concurrency` synthesis slots. A live job that
+  arrives during a background task waits for that one task at most: the background thread
+  gives its slot up to any waiting live job before starting the next one. Engines that
+  generate step by step (ChatTTS on ONNX or torch) stop a background task within one step
+  instead (`interruptible`): the task leaves its sentences queued and they are rendered again
+  at the next idle moment.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ _LOGGER = logging.getLogger(__name__)
 class LiveJob:
     run: Callable[[], None]
     estimate_s: float = 0.0
+    urgent: bool = False
     started: float | None = field(default=None, compare=False)
 
 
@@ -93,6 +97,7 @@ class Scheduler:
         # Unbounded underneath: the bound is enforced in submit_live, so that resumed journal
         # entries (already acknowledged to the broker) can always be queued.
         self._live: queue.PriorityQueue[tuple[int, int, LiveJob | None]] = queue.PriorityQueue()
+        self._fast: queue.SimpleQueue[LiveJob | None] = queue.SimpleQueue()
         self._seq = itertools.count()
         self._max_queue = max_queue
         self._slots = threading.Semaphore(concurrency)
@@ -115,10 +120,11 @@ class Scheduler:
             threading.Thread(target=self._live_loop, name=f"synth-{i}", daemon=True)
             for i in range(concurrency)
         ]
+        self._fast_worker = threading.Thread(target=self._fast_loop, name="synth-fast", daemon=True)
         self._idle_thread = threading.Thread(target=self._idle_loop, name="idle", daemon=True)
 
     def start(self) -> None:
-        for worker in self._workers:
+        for worker in (*self._workers, self._fast_worker):
             worker.start()
         if self._background is not None:
             self._idle_thread.start()
@@ -127,7 +133,7 @@ class Scheduler:
 
     @property
     def depth(self) -> int:
-        return self._live.qsize()
+        return self._live.qsize() + self._fast.qsize()
 
     @property
     def active(self) -> int:
@@ -135,11 +141,14 @@ class Scheduler:
             return len(self._running)
 
     def backlog_s(self) -> float:
-        """Estimated seconds until the live work already accepted is done."""
+        """Estimated seconds until the live work already accepted in the slots is done (what a
+        new quality job would wait for; fast-tier jobs run in their own lane)."""
         now = time.monotonic()
         with self._lock:
             running = sum(
-                max(0.0, job.estimate_s - (now - (job.started or now))) for job in self._running
+                max(0.0, job.estimate_s - (now - (job.started or now)))
+                for job in self._running
+                if not job.urgent
             )
             return self._queued_estimate + running
 
@@ -159,16 +168,19 @@ class Scheduler:
     ) -> bool:
         """Queue a live job; False when the queue is full (unless `force`) or stopping.
 
-        `urgent` (fast-tier) jobs go before queued ordinary ones; each kind stays in order.
+        `urgent` (fast-tier) jobs run in their own lane, in order, without a synthesis slot.
         """
         if not self._accepting:
             return False
         with self._lock:
-            if not force and self._live.qsize() >= self._max_queue:
+            if not force and self.depth >= self._max_queue:
                 return False
             self._last_live = time.monotonic()
-            self._queued_estimate += estimate_s
-            self._live.put_nowait((0 if urgent else 1, next(self._seq), LiveJob(run, estimate_s)))
+            if urgent:
+                self._fast.put_nowait(LiveJob(run, estimate_s, urgent=True))
+            else:
+                self._queued_estimate += estimate_s
+                self._live.put_nowait((0, next(self._seq), LiveJob(run, estimate_s)))
         return True
 
     def stop(self, timeout_s: float) -> bool:
@@ -178,12 +190,14 @@ class Scheduler:
         self._wake.set()
         deadline = time.monotonic() + timeout_s
         for _ in self._workers:  # one stop marker per worker, after the queued jobs
-            self._live.put_nowait((2, next(self._seq), None))
-        for worker in self._workers:
+            self._live.put_nowait((1, next(self._seq), None))
+        self._fast.put_nowait(None)
+        workers = (*self._workers, self._fast_worker)
+        for worker in workers:
             worker.join(max(0.1, deadline - time.monotonic()))
         if self._idle_thread.is_alive():
             self._idle_thread.join(max(0.1, deadline - time.monotonic()))
-        return not any(w.is_alive() for w in self._workers)
+        return not any(w.is_alive() for w in workers)
 
     def _live_loop(self) -> None:
         while True:
@@ -196,23 +210,33 @@ class Scheduler:
             self._slots.acquire()
             with self._lock:
                 self._live_waiting -= 1
-                job.started = time.monotonic()
-                self._running.append(job)
             try:
-                job.run()
-            except Exception:  # a job reports its own errors; this only keeps the worker alive
-                _LOGGER.exception("Unhandled error in a synthesis job")
+                self._run_live(job)
             finally:
-                with self._lock:
-                    self._running.remove(job)
-                    self._last_live = time.monotonic()
                 self._slots.release()
+
+    def _fast_loop(self) -> None:
+        while (job := self._fast.get()) is not None:
+            self._run_live(job)
+
+    def _run_live(self, job: LiveJob) -> None:
+        with self._lock:
+            job.started = time.monotonic()
+            self._running.append(job)
+        try:
+            job.run()
+        except Exception:  # a job reports its own errors; this only keeps the worker alive
+            _LOGGER.exception("Unhandled error in a synthesis job")
+        finally:
+            with self._lock:
+                self._running.remove(job)
+                self._last_live = time.monotonic()
 
     # background work
 
     def _idle_now(self) -> bool:
         with self._lock:
-            if self._running or self._live_waiting or not self._live.empty():
+            if self._running or self._live_waiting or self.depth:
                 return False
             if time.monotonic() - self._last_live < self._idle_delay_s:
                 return False
@@ -220,6 +244,7 @@ class Scheduler:
 
     def _live_pending(self) -> bool:
         # Polled between generation steps: no lock (a stale answer costs one step at most).
+        # Fast-lane jobs need no slot: a niced background task only shares the CPUs with them.
         return self._live_waiting > 0 or not self._live.empty()
 
     def _lower_priority(self) -> None:
