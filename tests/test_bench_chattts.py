@@ -206,9 +206,12 @@ def test_cli_and_onnx_alias_run_the_combined_bench(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     calls: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
-    monkeypatch.setattr(
-        bench_chattts, "run_chattts_bench", lambda *a, **k: calls.append((a, k)) or {}
-    )
+
+    def record(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        calls.append((args, kwargs))
+        return {}
+
+    monkeypatch.setattr(bench_chattts, "run_chattts_bench", record)
     config = tmp_path / "config.yaml"
     config.write_text("{}\n", encoding="utf-8")
 

@@ -430,8 +430,10 @@ def test_a_failing_consumer_ends_the_generation_and_frees_the_engine(
         # Another thread gets the engine straight away, even while the error (and with it the
         # frames of the failed request) is still referenced, as an error report would keep it.
         done: list[int] = []
+        engine = voice.engine
+        assert isinstance(engine, ChatTTSOnnxEngine)
         other = threading.Thread(
-            target=lambda: done.append(len(voice.engine.synthesize_batch([TEXT], None, options)))
+            target=lambda: done.append(len(engine.synthesize_batch([TEXT], None, options)))
         )
         other.start()
         other.join(60)

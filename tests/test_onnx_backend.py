@@ -336,6 +336,7 @@ def test_int8_variant_becomes_the_voices_fast_tier(quantized: Path, tmp_path: Pa
     quality, fast = pool.voice("xiaoyu"), pool.voice("xiaoyu_int8")
     assert quality.settings.fast_voice == "xiaoyu_int8"
     assert isinstance(fast.engine, ChatTTSOnnxEngine)
+    assert isinstance(quality.engine, ChatTTSOnnxEngine)
     assert (fast.engine.precision, fast.engine.tier, quality.engine.precision) == (
         "int8",
         "fast",
