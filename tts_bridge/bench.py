@@ -212,11 +212,18 @@ def run_bench(settings: Settings, args: argparse.Namespace) -> int:
         report["cache_hit_mqtt"] = rows
         print()
         print(_table(rows, list(rows[0])))
-        from tts_bridge.bench_scenarios import measure_routing, measure_streaming
+        from tts_bridge.bench_scenarios import (
+            measure_fast_lane,
+            measure_routing,
+            measure_streaming,
+        )
 
         print(f"\nmeasuring a burst of {args.burst} live requests ...", file=sys.stderr)
         report["routing_burst"] = measure_routing(settings, args.burst)
         print(_table(report["routing_burst"], list(report["routing_burst"][0])))
+        print("\nmeasuring a fast-tier request during a long quality job ...", file=sys.stderr)
+        report["fast_lane"] = [measure_fast_lane(settings)]
+        print(_table(report["fast_lane"], list(report["fast_lane"][0])))
         print("\nmeasuring time to first audio (five sentences) ...", file=sys.stderr)
         report["streaming"] = measure_streaming(settings)
         print(_table(report["streaming"], list(report["streaming"][0])))

@@ -151,6 +151,7 @@ def _burst(session: _Session, count: int, tag: str) -> dict[str, Any]:
             f"{BASE}/say/burst", json.dumps({"text": text, "id": request_id}), qos=1
         )
     latencies: list[float] = []
+    fast: list[float] = []  # the fast tier's answers: they should not wait for quality jobs
     tiers: Counter[str] = Counter()
     last = 0.0
     for request_id, started in sent.items():
@@ -158,13 +159,18 @@ def _burst(session: _Session, count: int, tag: str) -> dict[str, Any]:
             lambda a, r=request_id: a[1] == f"{BASE}/audio/burst" and a[2].get("id") == r, 300
         )
         latencies.append((arrived - started) * 1000)
-        tiers[props.get("tier", "?")] += 1
+        tier = props.get("tier", "?")
+        tiers[tier] += 1
+        if tier == "fast":
+            fast.append(latencies[-1])
         last = max(last, arrived)
     return {
         "requests": count,
         "p50_ms": _pct(latencies, 0.5),
         "p95_ms": _pct(latencies, 0.95),
         "max_ms": round(max(latencies), 1),
+        "fast_p50_ms": _pct(fast, 0.5) if fast else None,
+        "fast_max_ms": round(max(fast), 1) if fast else None,
         "tiers": dict(tiers),
         "last_answer": last,
     }
@@ -196,6 +202,46 @@ def measure_routing(settings: Settings, count: int = 12) -> list[dict[str, Any]]
                     upgrade_s = round(time.perf_counter() - last, 1)
                 rows.append({"routing": label, "budget_ms": budget, **row, "upgraded_s": upgrade_s})
     return rows
+
+
+def measure_fast_lane(settings: Settings) -> dict[str, Any]:
+    """A fast-tier request sent while a long quality job runs: its latency against the quality
+    job's (the fast lane answers it beside the running job instead of after it)."""
+    long_text = " ".join(
+        f"Sentence number {n} of a long announcement about the heating schedule." for n in range(12)
+    )
+    fast_ms: list[float] = []
+    quality_ms: list[float] = []
+    no_idle = {"scheduler": {"idle_enabled": False}}
+    with (
+        tempfile.TemporaryDirectory(prefix="tts-bench-lane-") as tmp,
+        _session(settings, Path(tmp), no_idle) as session,
+    ):
+        _warm_up(session)
+        for n in range(3):
+            ids = {"quality": f"long-{n}", "fast": f"quick-{n}"}
+            started = time.perf_counter()
+            long_request = {"text": long_text, "id": ids["quality"], "cache": False}
+            long_request["tier"] = "quality"
+            session.client.publish(f"{BASE}/say/lane", json.dumps(long_request), qos=1)
+            time.sleep(0.1)  # the long job is running by now
+            sent_fast = time.perf_counter()
+            quick = {"text": f"The door bell rang {n}.", "id": ids["fast"], "tier": "fast"}
+            session.client.publish(f"{BASE}/say/lane", json.dumps({**quick, "cache": False}), qos=1)
+            for tier, since, out in (
+                ("fast", sent_fast, fast_ms),
+                ("quality", started, quality_ms),
+            ):
+                arrived, _, _, _ = session.wait(
+                    lambda a, r=ids[tier]: a[1] == f"{BASE}/audio/lane" and a[2].get("id") == r,
+                    300,
+                )
+                out.append((arrived - since) * 1000)
+    return {
+        "quality_job_ms": _pct(quality_ms, 0.5),
+        "fast_meanwhile_p50_ms": _pct(fast_ms, 0.5),
+        "fast_meanwhile_max_ms": round(max(fast_ms), 1),
+    }
 
 
 def measure_streaming(settings: Settings) -> list[dict[str, Any]]:
