@@ -287,6 +287,19 @@ class MqttProbe:
         return None
 
 
+def thread_nice() -> dict[int, int]:
+    """Thread id -> nice value, for every thread of this process (Linux)."""
+    values = {}
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            stat = (task / "stat").read_text()
+        except OSError:  # the thread ended meanwhile
+            continue
+        # Fields after the command name (which may hold spaces) start at field 3; nice is 19.
+        values[int(task.name)] = int(stat.rsplit(")", 1)[1].split()[16])
+    return values
+
+
 def request_properties(
     *, response_topic: str | None = None, correlation_data: bytes | None = None
 ) -> Properties:

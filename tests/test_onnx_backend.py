@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import shutil
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ os.environ["TRANSFORMERS_OFFLINE"] = "1"
 import pytest
 import yaml
 from chattts_tiny import NEEDS_CHATTTS_ONNX, make_tiny_checkpoint
-from conftest import BridgeFactory, ProbeFactory, RunningBridge
+from conftest import BridgeFactory, ProbeFactory, RunningBridge, thread_nice
 
 from tts_bridge import models
 from tts_bridge.cache import SentenceCache
@@ -30,6 +31,7 @@ from tts_bridge.cli import main
 from tts_bridge.config import ConfigError, Settings, load_settings
 from tts_bridge.engines.base import EngineError
 from tts_bridge.engines.chattts_onnx import MANIFEST_FILE, ChatTTSOnnxEngine
+from tts_bridge.engines.chattts_torch import ChatTTSOptions
 from tts_bridge.engines.registry import EnginePool, find_chattts_exports, manifest_hashes
 from tts_bridge.synthesis import Synthesizer
 from tts_bridge.tuning import Hardware, plan_threads
@@ -425,3 +427,49 @@ def test_busy_chattts_voice_answers_with_its_int8_tier_over_mqtt(
         "xiaoyu_int8",
         "xiaoyu",
     )
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="Linux only")
+def test_refine_session_made_from_the_idle_thread_runs_at_normal_priority(
+    library: Path, tmp_path: Path
+) -> None:
+    """The refine pass's onnxruntime session is made on first use, which may be idle work on
+    the niced idle thread: its worker threads must not inherit that nice value (every later
+    live request with refine_text would compute on them)."""
+    settings = load_settings(
+        None,
+        {
+            "models": {"dir": str(library)},
+            "cache": {"dir": str(tmp_path / "cache")},
+            # Two intra-op threads: onnxruntime starts a worker thread per session.
+            "synthesis": {"onnx_threads": 2, "onnx_spinning": "off"},
+            "voices": {"xiaoyu": {"engine": "chattts", "model": "chattts"}},
+            "default_voice": "xiaoyu",
+        },
+        environ={},
+    )
+    pool = EnginePool(settings)
+    engine = pool.voice("xiaoyu").engine
+    assert isinstance(engine, ChatTTSOnnxEngine)
+    pool.ensure_loaded(engine)
+    before = thread_nice()
+    normal = os.getpriority(os.PRIO_PROCESS, 0)
+    outcome: list[int] = []
+
+    def idle_like() -> None:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), normal + 5)
+        options = ChatTTSOptions(refine_text=True, seed=3)
+        outcome.append(len(engine.synthesize_batch(["the door is open"], None, options)))
+
+    worker = threading.Thread(target=idle_like)
+    worker.start()
+    worker.join(120)
+    assert outcome == [1]
+    new = {
+        tid: nice
+        for tid, nice in thread_nice().items()
+        if tid not in before and tid != worker.native_id
+    }
+    assert new, "the refine session started no thread (2 intra-op threads were asked for)"
+    assert set(new.values()) == {normal}, new
+    pool.unload_all()

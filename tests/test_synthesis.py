@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import soundfile
+from conftest import thread_nice
 
 from tts_bridge.cache import SentenceCache
 from tts_bridge.config import Settings, load_settings
@@ -97,19 +98,6 @@ def test_say_command_writes_a_wav(tmp_path: Path) -> None:
     assert bad.returncode == 1 and "nothing_speakable" in bad.stderr
 
 
-def _thread_nice() -> dict[int, int]:
-    """Thread id -> nice value, for every thread of this process (Linux)."""
-    values = {}
-    for task in Path("/proc/self/task").iterdir():
-        try:
-            stat = (task / "stat").read_text()
-        except OSError:  # the thread ended meanwhile
-            continue
-        # Fields after the command name (which may hold spaces) start at field 3; nice is 19.
-        values[int(task.name)] = int(stat.rsplit(")", 1)[1].split()[16])
-    return values
-
-
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="Linux only")
 def test_models_load_at_normal_priority_even_from_the_idle_thread(tmp_path: Path) -> None:
     """onnxruntime starts its worker threads while loading, and a thread inherits the nice value
@@ -122,7 +110,7 @@ def test_models_load_at_normal_priority_even_from_the_idle_thread(tmp_path: Path
     )
     pool = EnginePool(settings)
     engine = pool.voice("joe").engine
-    before = _thread_nice()
+    before = thread_nice()
     normal = os.getpriority(os.PRIO_PROCESS, 0)
 
     def idle_like() -> None:
@@ -137,7 +125,7 @@ def test_models_load_at_normal_priority_even_from_the_idle_thread(tmp_path: Path
     # thread exits after Python's bookkeeping does.
     new = {
         tid: nice
-        for tid, nice in _thread_nice().items()
+        for tid, nice in thread_nice().items()
         if tid not in before and tid != worker.native_id
     }
     assert new, "onnxruntime started no thread (2 intra-op threads were asked for)"

@@ -1196,6 +1196,10 @@ class ChatTTSOnnxEngine(ChatTTSEngineBase[_Loaded]):
     ``threads`` is onnxruntime's intra-op thread count (inter-op is 1, execution sequential);
     ``arena`` its CPU memory arena (faster, keeps peak memory); ``spinning`` see
     ``session_options``. ``tier`` is "fast" by default; set the attribute to serve quality.
+    ``on_loader`` runs a function on a normal-priority thread and returns its result (the
+    model pool's loader thread); the refine pass's session, made on first use, is created
+    there: onnxruntime's worker threads keep the nice value of the thread that creates them,
+    and the first refine may come from the niced idle thread. None: the calling thread.
     """
 
     name = "chattts-onnx"
@@ -1215,6 +1219,7 @@ class ChatTTSOnnxEngine(ChatTTSEngineBase[_Loaded]):
         defaults: ChatTTSOptions | None = None,
         default_speaker: str | None = None,
         hasher: Callable[[Path], str] = sha256_file,
+        on_loader: Callable[[Callable[[], Any]], Any] | None = None,
     ) -> None:
         super().__init__(
             folder,
@@ -1227,6 +1232,7 @@ class ChatTTSOnnxEngine(ChatTTSEngineBase[_Loaded]):
         self._precision: Precision = precision
         self._arena = arena
         self._spinning = spinning
+        self._on_loader = on_loader or (lambda make: make())
 
     # -- metadata --------------------------------------------------------------------------
 
@@ -1487,12 +1493,14 @@ class ChatTTSOnnxEngine(ChatTTSEngineBase[_Loaded]):
         from tts_bridge.engines.chattts_refine import TextRefiner, engine_params
 
         if loaded.refiner is None:
-            loaded.refiner = TextRefiner(
-                loaded.model,
-                self._folder,
-                threads=self._threads,
-                arena=self._arena,
-                spinning=self._spinning,
+            loaded.refiner = self._on_loader(
+                lambda: TextRefiner(
+                    loaded.model,
+                    self._folder,
+                    threads=self._threads,
+                    arena=self._arena,
+                    spinning=self._spinning,
+                )
             )
         params, budgets = engine_params(chosen, spoken)
         return loaded.refiner.refine(cleaned, params, chosen.seed, budgets)

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import psutil
 
@@ -186,6 +186,7 @@ def _build_engine(
     expected: Callable[[Path], Mapping[str, str] | None],
     *,
     precision: Literal["int8", "fp32"] = "int8",
+    on_loader: Callable[[Callable[[], Any]], Any] | None = None,
 ) -> tuple[Engine, Path]:
     # Piper and hibari build their sessions themselves from a thread count (intra-op); only
     # the ChatTTS ONNX engine takes spinning and the arena. Every session is sequential.
@@ -222,6 +223,7 @@ def _build_engine(
             arena=session.arena,
             spinning=session.spinning,
             hasher=hasher.sha256,
+            on_loader=on_loader,
         )
         return onnx_engine, model
     raise EngineError(f"unknown engine {kind!r}")
@@ -321,7 +323,13 @@ class EnginePool:
             if engine is not None:
                 return engine
             engine, path = _build_engine(
-                kind, model, self._hasher, self.session, self._expected, precision=precision
+                kind,
+                model,
+                self._hasher,
+                self.session,
+                self._expected,
+                precision=precision,
+                on_loader=self.on_loader,
             )
             if tier is not None:
                 engine.tier = tier
@@ -484,6 +492,10 @@ class EnginePool:
         if actual != want.lower():
             return f"model file {path} was changed: expected sha256 {want}, actual {actual}"
         return None
+
+    def on_loader(self, make: Callable[[], Any]) -> Any:
+        """``make()`` run on the loader thread (normal priority, see ``ensure_loaded``)."""
+        return self._loader.submit(make).result()
 
     def ensure_loaded(self, engine: Engine) -> None:
         """Load `engine` within the memory budget (unloading least recently used ones).
