@@ -207,7 +207,8 @@ def test_onnx_export_quantize_and_speak_over_mqtt(
     tmp_path: Path, tiny: Path, bridge_factory: BridgeFactory, probe_factory: ProbeFactory
 ) -> None:
     """`models export` and `models quantize` record the export in the manifest; a chattts-onnx
-    voice with the same speaker then answers as the fast tier, without torch in its path."""
+    voice with the same speaker then answers as the fast tier (that the ONNX engine never
+    imports torch is checked in a torch-free process by test_chattts_onnx.py)."""
     setup = prepare(tmp_path, tiny)
     models = setup["models"]
     exported = cli(
