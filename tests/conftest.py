@@ -300,6 +300,35 @@ def thread_nice() -> dict[int, int]:
     return values
 
 
+def threads_started_niced(work: Callable[[], None], timeout_s: float = 120.0) -> dict[int, int]:
+    """Run ``work`` on a thread 5 nice levels down (as the idle thread is); the nice value of
+    every thread of this process that appeared meanwhile, that worker excepted (it may still be
+    listed for a moment after join() returns: the OS thread exits after Python's bookkeeping)."""
+    before = thread_nice()
+    tid = threading.get_native_id()
+    niced = os.getpriority(os.PRIO_PROCESS, tid) + 5
+    failures: list[BaseException] = []
+
+    def run() -> None:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), niced)
+        try:
+            work()
+        except BaseException as exc:  # re-raised on the calling thread
+            failures.append(exc)
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    worker.join(timeout_s)
+    assert not worker.is_alive(), f"work did not finish in {timeout_s} s"
+    if failures:
+        raise failures[0]
+    return {
+        tid: nice
+        for tid, nice in thread_nice().items()
+        if tid not in before and tid != worker.native_id
+    }
+
+
 def request_properties(
     *, response_topic: str | None = None, correlation_data: bytes | None = None
 ) -> Properties:

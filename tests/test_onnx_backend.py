@@ -13,7 +13,6 @@ import json
 import logging
 import os
 import shutil
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,7 @@ os.environ["TRANSFORMERS_OFFLINE"] = "1"
 import pytest
 import yaml
 from chattts_tiny import NEEDS_CHATTTS_ONNX, make_tiny_checkpoint
-from conftest import BridgeFactory, ProbeFactory, RunningBridge, thread_nice
+from conftest import BridgeFactory, ProbeFactory, RunningBridge, threads_started_niced
 
 from tts_bridge import models
 from tts_bridge.cache import SentenceCache
@@ -452,24 +451,15 @@ def test_refine_session_made_from_the_idle_thread_runs_at_normal_priority(
     engine = pool.voice("xiaoyu").engine
     assert isinstance(engine, ChatTTSOnnxEngine)
     pool.ensure_loaded(engine)
-    before = thread_nice()
     normal = os.getpriority(os.PRIO_PROCESS, 0)
     outcome: list[int] = []
 
-    def idle_like() -> None:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), normal + 5)
+    def first_refine() -> None:
         options = ChatTTSOptions(refine_text=True, seed=3)
         outcome.append(len(engine.synthesize_batch(["the door is open"], None, options)))
 
-    worker = threading.Thread(target=idle_like)
-    worker.start()
-    worker.join(120)
+    new = threads_started_niced(first_refine)
     assert outcome == [1]
-    new = {
-        tid: nice
-        for tid, nice in thread_nice().items()
-        if tid not in before and tid != worker.native_id
-    }
     assert new, "the refine session started no thread (2 intra-op threads were asked for)"
     assert set(new.values()) == {normal}, new
     pool.unload_all()

@@ -6,14 +6,13 @@ import io
 import os
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import soundfile
-from conftest import thread_nice
+from conftest import threads_started_niced
 
 from tts_bridge.cache import SentenceCache
 from tts_bridge.config import Settings, load_settings
@@ -110,24 +109,9 @@ def test_models_load_at_normal_priority_even_from_the_idle_thread(tmp_path: Path
     )
     pool = EnginePool(settings)
     engine = pool.voice("joe").engine
-    before = thread_nice()
     normal = os.getpriority(os.PRIO_PROCESS, 0)
-
-    def idle_like() -> None:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), normal + 5)
-        pool.ensure_loaded(engine)
-
-    worker = threading.Thread(target=idle_like)
-    worker.start()
-    worker.join(60)
+    new = threads_started_niced(lambda: pool.ensure_loaded(engine), 60)
     assert engine.loaded
-    # The worker itself (nice +5) may still be listed for a moment after join() returns: the OS
-    # thread exits after Python's bookkeeping does.
-    new = {
-        tid: nice
-        for tid, nice in thread_nice().items()
-        if tid not in before and tid != worker.native_id
-    }
     assert new, "onnxruntime started no thread (2 intra-op threads were asked for)"
     assert set(new.values()) == {normal}, new
     pool.unload_all()
