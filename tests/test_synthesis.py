@@ -77,6 +77,22 @@ def test_refusals(synth: Synthesizer) -> None:
     assert caught.value.code == "unsupported_language"
 
 
+def test_other_voices_do_not_read_chattts_tags_out(synth: Synthesizer) -> None:
+    """A ChatTTS voice's request routed to the fast tier keeps its control tags; hibari and
+    Piper would say "uv break" and "laugh" (they did: +0.6 s and +0.35 s of audio)."""
+    plain = synth.render("Hello there, it is raining.", "heart", use_cache=False)
+    tagged_text = "Hello [uv_break] there, it is raining [laugh]."
+    tagged = synth.render(tagged_text, "heart", use_cache=False)
+    assert tagged.wav == plain.wav  # hibari is deterministic: exactly the untagged audio
+    # A sentence that is only a tag is silence, for Piper too; the text around it is spoken.
+    rendering = synth.render("The door is open. [laugh]", "joe", use_cache=False)
+    assert rendering.sentences == 2
+    joe = synth.engines.voice("joe")
+    options = synth.options_for(joe)
+    assert synth.sentence(joe, 1, "[laugh]", options, False).pcm.size == 0
+    assert synth.sentence(joe, 0, "[speed_5] The door is open.", options, False).pcm.size > 0
+
+
 def test_say_command_writes_a_wav(tmp_path: Path) -> None:
     out = tmp_path / "out.wav"
     cmd = [sys.executable, "-m", "tts_bridge", "say", "Dinner is ready.", "-o", str(out)]

@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 
 from tts_bridge.synthesis import RequestError, prepare_text
-from tts_bridge.text.sentences import clean, has_cjk, is_speakable, split_sentences
+from tts_bridge.text.sentences import (
+    clean,
+    drop_chattts_tags,
+    has_cjk,
+    is_speakable,
+    split_sentences,
+)
 
 
 @pytest.mark.parametrize(
@@ -66,3 +72,18 @@ def test_prepare_text_refuses(text: str, code: str) -> None:
 
 def test_prepare_text_drops_unspeakable_fragments() -> None:
     assert prepare_text("Hello! 🎉 Bye.", max_chars=100) == ["Hello!", "🎉 Bye."]
+
+
+@pytest.mark.parametrize(
+    ("text", "spoken"),
+    [
+        ("Hello [uv_break] there [laugh].", "Hello there."),
+        ("[speed_3][oral_2]Dinner is ready [lbreak]", "Dinner is ready"),
+        ("客厅的灯[laugh_1]已经打开了[break_4]。", "客厅的灯 已经打开了。"),
+        ("[laugh]", ""),
+        ("Room [12] and [note] stay", "Room [12] and [note] stay"),
+        ("No tags at all.", "No tags at all."),
+    ],
+)
+def test_drop_chattts_tags(text: str, spoken: str) -> None:
+    assert drop_chattts_tags(text) == spoken

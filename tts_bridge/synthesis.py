@@ -29,7 +29,13 @@ from tts_bridge.engines.base import (
 )
 from tts_bridge.engines.registry import BackendFallbackError, EnginePool, Voice
 from tts_bridge.routing import CostEstimator
-from tts_bridge.text.sentences import clean, has_cjk, is_speakable, split_sentences
+from tts_bridge.text.sentences import (
+    clean,
+    drop_chattts_tags,
+    has_cjk,
+    is_speakable,
+    split_sentences,
+)
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -263,9 +269,10 @@ class Synthesizer:
             voice = self.engines.voice(voice.name)  # now on torch: another cache key
             return self.sentence(voice, index, text, options, use_cache, on_part=on_part)
         started = time.perf_counter()
-        # Engines whose own text front end drops digits (ChatTTS) get text spelled out first.
+        # Engines whose own text front end drops digits (ChatTTS) get text spelled out first;
+        # the others do not get ChatTTS's control tags (a "[laugh]" sentence becomes silence).
         prepare = getattr(voice.engine, "prepare_text", None)
-        spoken = prepare(text) if prepare is not None else text
+        spoken = prepare(text) if prepare is not None else drop_chattts_tags(text)
         chunks: list[FloatAudio] = []
         held: FloatAudio | None = None  # the newest piece, until we know whether it is the last
         sent = 0
@@ -278,7 +285,11 @@ class Synthesizer:
 
         # Closed explicitly: a streaming engine holds its lock between chunks, so a failure
         # here (publishing a part) must end its generation now, on this thread.
-        generation = self._synthesize(voice, spoken, options, stream=on_part is not None)
+        generation = (
+            self._synthesize(voice, spoken, options, stream=on_part is not None)
+            if is_speakable(spoken)
+            else _no_audio()
+        )
         try:
             with contextlib.closing(generation):
                 for chunk in generation:
@@ -490,3 +501,8 @@ class Synthesizer:
         for index in alone:
             results[index] = self.sentence(voice, index, texts[index], options, True)
         return [results[index] for index in range(len(texts))]
+
+
+def _no_audio() -> Generator[FloatAudio, None, None]:
+    """An engine's generation of a text with nothing to say."""
+    yield from ()

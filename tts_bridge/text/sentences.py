@@ -19,6 +19,9 @@ _WHITESPACE = re.compile(r"\s+")
 _CJK = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
 # Categories that carry something a voice can say: letters and digits.
 _SPEAKABLE_CATEGORIES = ("L", "N")
+# ChatTTS's control tags (pauses, laughter, the refine levels, speed) as a request may write them.
+_CHATTTS_TAG = re.compile(r"\[(?:uv_break|v_break|lbreak|laugh|(?:speed|oral|laugh|break)_\d+)\]")
+_SPACE_BEFORE_MARK = re.compile(r"\s+(?=[,.!?;:…，。！？；：])")
 
 
 def clean(text: str) -> str:
@@ -38,6 +41,16 @@ def clean(text: str) -> str:
 def has_cjk(text: str) -> bool:
     """True when the text contains Chinese characters (CJK unified ideographs)."""
     return _CJK.search(text) is not None
+
+
+def drop_chattts_tags(text: str) -> str:
+    """``text`` without ChatTTS's control tags: they mean something to ChatTTS only, and any
+    other voice reads them out ("uv break"), as the fast tier does when a ChatTTS voice's
+    request is routed there."""
+    if "[" not in text:
+        return text
+    dropped = _WHITESPACE.sub(" ", _CHATTTS_TAG.sub(" ", text)).strip()
+    return _SPACE_BEFORE_MARK.sub("", dropped)
 
 
 def is_speakable(text: str) -> bool:
