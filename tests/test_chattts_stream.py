@@ -501,8 +501,9 @@ def test_one_sentence_streams_in_pieces_over_mqtt(bridge: MqttProbe) -> None:
     assert [p["last"] for p in props] == ["false"] * (len(messages) - 1) + ["true"]
     assert all(p["id"] == "s" and p["cached"] == "false" for p in props)
     assert all(m.payload[:4] == b"RIFF" for m in messages)
-    # Pieces went out while the sentence was still being generated.
-    assert messages[-1].received_at > messages[0].received_at
+    # That pieces leave before the generation ends is proven at the engine
+    # (test_engine_yields_audio_before_the_sentence_is_generated): the tiny model generates a
+    # sentence faster than a timing check over MQTT could tell apart.
     # The same request without streaming (same seed, nothing cached; decoded in one go): the
     # same audio, up to a sample rounded the other way where the decodes differ by ~1e-7.
     _, since = _ask(bridge, "hall", {**request, "id": "w"})
