@@ -42,6 +42,8 @@ MAX_GENERATION_SECONDS = 30.0
 """Hard cap on one generation (max_new_token), whatever the estimate said."""
 DEFAULT_SPEAKER_SEED = 0
 """The voice used when a request names no speaker: stable across sentences and restarts."""
+SPK_STAT_FORMAT = "chattts-spk-stat"
+"""The ``format`` of a checkpoint's speaker statistics file (``asset/spk_stat.json``)."""
 
 # ChatTTS compresses speaker embeddings with exactly these settings (ChatTTS/model/speaker.py).
 _LZMA_FILTERS = [{"id": lzma.FILTER_LZMA2, "preset": 9 | lzma.PRESET_EXTREME}]
@@ -360,6 +362,21 @@ def strip_control_tags(text: str) -> str:
     """Drop bracketed tags a request must not smuggle into the prompt; keep pause/laugh tags."""
     kept = _TAG.sub(lambda m: m.group(0) if m.group(0) in _ALLOWED_TAGS else " ", text)
     return " ".join(kept.split())
+
+
+def read_spk_stat_file(path: Path, hidden_size: int) -> SpeakerStats:
+    """Speaker statistics from ``asset/spk_stat.json`` (format in tests/chattts_tiny.py)."""
+    data = read_json(path)
+    if data.get("format") != SPK_STAT_FORMAT or data.get("version") != 1:
+        raise EngineError(f"{path}: not a {SPK_STAT_FORMAT} version 1 file")
+    if data.get("hidden_size") != hidden_size:
+        raise EngineError(
+            f"{path}: statistics for hidden size {data.get('hidden_size')}, model has {hidden_size}"
+        )
+    encoded = data.get("spk_stat")
+    if not isinstance(encoded, str):
+        raise EngineError(f"{path}: 'spk_stat' must be a base16384 string")
+    return SpeakerStats.decode(encoded, hidden_size, str(path))
 
 
 # -- the engines' common part -------------------------------------------------------------------

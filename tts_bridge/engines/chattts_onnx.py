@@ -59,11 +59,11 @@ from tts_bridge.engines.chattts_base import (
     expected_seconds,
     max_new_tokens,
     read_json,
+    read_spk_stat_file,
     sample_spk_emb,
     strip_control_tags,
     validate_spk_emb,
 )
-from tts_bridge.engines.chattts_torch import read_spk_stat_file
 from tts_bridge.models import sha256_file
 from tts_bridge.text.sentences import is_speakable
 from tts_bridge.textlog import short

@@ -51,6 +51,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tts_bridge.engines.base import EngineError, check_interrupt
+from tts_bridge.engines.chattts_base import ChatTTSOptions
 from tts_bridge.engines.chattts_onnx import (
     EMB_TEXT_FILE,
     HEAD_TEXT_FILE,
@@ -60,7 +61,6 @@ from tts_bridge.engines.chattts_onnx import (
     SamplingParams,
     session_options,
 )
-from tts_bridge.engines.chattts_torch import ChatTTSOptions
 from tts_bridge.textlog import short
 
 _LOGGER = logging.getLogger(__name__)

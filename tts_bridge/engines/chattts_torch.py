@@ -44,6 +44,7 @@ from tts_bridge.engines.chattts_base import (
     MAX_GENERATION_SECONDS,
     SAMPLE_RATE,
     SAMPLES_PER_TOKEN,
+    SPK_STAT_FORMAT,
     TOKENS_PER_SECOND,
     ChatTTSEngineBase,
     ChatTTSOptions,
@@ -54,6 +55,7 @@ from tts_bridge.engines.chattts_base import (
     expected_seconds,
     max_new_tokens,
     read_json,
+    read_spk_stat_file,
     sample_spk_emb,
     spell_out,
     split_for_generation,
@@ -123,7 +125,6 @@ CHECKPOINT_FILES: tuple[str, ...] = (
 )
 SPK_STAT_FILE = "asset/spk_stat.json"
 """Speaker statistics of a non-official checkpoint (the official ones are built into ChatTTS)."""
-SPK_STAT_FORMAT = "chattts-spk-stat"
 
 _MAX_SAFETENSORS_HEADER = 64 << 20
 
@@ -334,21 +335,6 @@ def _import_chattts() -> Any:
 def _sha256_map_key(rel: str) -> str:
     """ChatTTS's key for a file: 'asset/gpt/config.json' -> 'sha256_asset_gpt_config_json'."""
     return "sha256_" + rel.replace("/", "_").replace(".", "_")
-
-
-def read_spk_stat_file(path: Path, hidden_size: int) -> SpeakerStats:
-    """Speaker statistics from ``asset/spk_stat.json`` (format in tests/chattts_tiny.py)."""
-    data = read_json(path)
-    if data.get("format") != SPK_STAT_FORMAT or data.get("version") != 1:
-        raise EngineError(f"{path}: not a {SPK_STAT_FORMAT} version 1 file")
-    if data.get("hidden_size") != hidden_size:
-        raise EngineError(
-            f"{path}: statistics for hidden size {data.get('hidden_size')}, model has {hidden_size}"
-        )
-    encoded = data.get("spk_stat")
-    if not isinstance(encoded, str):
-        raise EngineError(f"{path}: 'spk_stat' must be a base16384 string")
-    return SpeakerStats.decode(encoded, hidden_size, str(path))
 
 
 # -- the engine ---------------------------------------------------------------------------------
