@@ -31,7 +31,6 @@ from tts_bridge.engines.registry import BackendFallbackError, EnginePool, Voice
 from tts_bridge.routing import CostEstimator
 from tts_bridge.text.sentences import (
     clean,
-    drop_chattts_tags,
     has_cjk,
     is_speakable,
     split_sentences,
@@ -269,10 +268,9 @@ class Synthesizer:
             voice = self.engines.voice(voice.name)  # now on torch: another cache key
             return self.sentence(voice, index, text, options, use_cache, on_part=on_part)
         started = time.perf_counter()
-        # Engines whose own text front end drops digits (ChatTTS) get text spelled out first;
-        # the others do not get ChatTTS's control tags (a "[laugh]" sentence becomes silence).
-        prepare = getattr(voice.engine, "prepare_text", None)
-        spoken = prepare(text) if prepare is not None else drop_chattts_tags(text)
+        # A sentence the engine's text preparation leaves nothing to say in ("[laugh]" for
+        # Piper) is silence.
+        spoken = voice.engine.prepare_text(text)
         chunks: list[FloatAudio] = []
         held: FloatAudio | None = None  # the newest piece, until we know whether it is the last
         sent = 0

@@ -97,6 +97,11 @@ class Engine(Protocol):
 
     def load(self) -> None: ...
 
+    def prepare_text(self, text: str) -> str:
+        """A sentence as ``synthesize`` takes it: what the engine's text front end needs
+        (ChatTTS: numbers spelled out), without what it would read out wrongly."""
+        ...
+
     def synthesize(
         self, text: str, speaker: str | None, options: SynthesisOptions
     ) -> Iterator[FloatAudio]:

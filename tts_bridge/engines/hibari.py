@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from tts_bridge.engines.base import EngineError, FloatAudio, SynthesisOptions, Tier
+from tts_bridge.text.sentences import drop_chattts_tags
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -54,6 +55,12 @@ class HibariEngine:
     @property
     def loaded(self) -> bool:
         return self._tts is not None
+
+    @staticmethod
+    def prepare_text(text: str) -> str:
+        # ChatTTS's control tags reach this voice when a ChatTTS voice's request is routed to
+        # it (the fast tier); read out, they are words ("uv break").
+        return drop_chattts_tags(text)
 
     def load(self) -> None:
         with self._lock:
