@@ -20,7 +20,6 @@
 
 from __future__ import annotations
 
-import itertools
 import logging
 import os
 import queue
@@ -96,9 +95,8 @@ class Scheduler:
     ) -> None:
         # Unbounded underneath: the bound is enforced in submit_live, so that resumed journal
         # entries (already acknowledged to the broker) can always be queued.
-        self._live: queue.PriorityQueue[tuple[int, int, LiveJob | None]] = queue.PriorityQueue()
+        self._live: queue.SimpleQueue[LiveJob | None] = queue.SimpleQueue()
         self._fast: queue.SimpleQueue[LiveJob | None] = queue.SimpleQueue()
-        self._seq = itertools.count()
         self._max_queue = max_queue
         self._slots = threading.Semaphore(concurrency)
         self._lock = threading.Lock()
@@ -180,7 +178,7 @@ class Scheduler:
                 self._fast.put_nowait(LiveJob(run, estimate_s, urgent=True))
             else:
                 self._queued_estimate += estimate_s
-                self._live.put_nowait((0, next(self._seq), LiveJob(run, estimate_s)))
+                self._live.put_nowait(LiveJob(run, estimate_s))
         return True
 
     def stop(self, timeout_s: float) -> bool:
@@ -190,7 +188,7 @@ class Scheduler:
         self._wake.set()
         deadline = time.monotonic() + timeout_s
         for _ in self._workers:  # one stop marker per worker, after the queued jobs
-            self._live.put_nowait((1, next(self._seq), None))
+            self._live.put_nowait(None)
         self._fast.put_nowait(None)
         workers = (*self._workers, self._fast_worker)
         for worker in workers:
@@ -200,10 +198,7 @@ class Scheduler:
         return not any(w.is_alive() for w in workers)
 
     def _live_loop(self) -> None:
-        while True:
-            _, _, job = self._live.get()
-            if job is None:
-                return
+        while (job := self._live.get()) is not None:
             with self._lock:
                 self._queued_estimate = max(0.0, self._queued_estimate - job.estimate_s)
                 self._live_waiting += 1
