@@ -305,8 +305,7 @@ def threads_started_niced(work: Callable[[], None], timeout_s: float = 120.0) ->
     every thread of this process that appeared meanwhile, that worker excepted (it may still be
     listed for a moment after join() returns: the OS thread exits after Python's bookkeeping)."""
     before = thread_nice()
-    tid = threading.get_native_id()
-    niced = os.getpriority(os.PRIO_PROCESS, tid) + 5
+    niced = os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) + 5
     failures: list[BaseException] = []
 
     def run() -> None:
