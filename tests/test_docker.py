@@ -23,10 +23,10 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import REPO_ROOT, MqttProbe
 
+from tests.support.harness import REPO_ROOT, MqttProbe
+from tts_bridge.bench.localbroker import LocalBroker, find_mosquitto, free_port
 from tts_bridge.config import load_settings
-from tts_bridge.localbroker import LocalBroker, find_mosquitto, free_port
 
 DOCKER = REPO_ROOT / "docker"
 DOCKERFILE = DOCKER / "Dockerfile"

@@ -1,3 +1,3 @@
-from tts_bridge.cli import main
+from tts_bridge.cli.main import main
 
 raise SystemExit(main())

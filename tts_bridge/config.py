@@ -228,7 +228,7 @@ class VoiceSettings(_Section):
             return self
         if self.engine not in ("chattts", "chattts-onnx"):
             raise ValueError("spk_emb is only for the chattts engines")
-        from tts_bridge.engines.chattts_torch import SpeakerError, validate_spk_emb
+        from tts_bridge.engines.chattts.torch_engine import SpeakerError, validate_spk_emb
 
         actual = hashlib.sha256(self.spk_emb.encode()).hexdigest()
         if self.spk_emb_sha256 is None:

@@ -25,11 +25,11 @@ import psutil
 
 from tts_bridge.config import AUTO_FAST_VOICE, FALLBACK_FAST_VOICE, Settings, VoiceSettings
 from tts_bridge.engines.base import Engine, EngineError
-from tts_bridge.models import FileHasher
-from tts_bridge.tuning import OnnxSessionPlan
+from tts_bridge.manifests import FileHasher
+from tts_bridge.speech.hardware import OnnxSessionPlan
 
 if TYPE_CHECKING:
-    from tts_bridge.tuning import ThreadPlan
+    from tts_bridge.speech.hardware import ThreadPlan
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -107,7 +107,7 @@ def _files_mb(path: Path) -> float:
 
 def manifest_hashes(path: Path, models_dir: Path) -> dict[str, str] | None:
     """Expected SHA-256 per file (relative to the model's root) from the model manifests."""
-    from tts_bridge.models import ManifestError, find_manifest
+    from tts_bridge.manifests import ManifestError, find_manifest
 
     manifest = find_manifest(path, models_dir)
     if manifest is None:
@@ -127,8 +127,8 @@ def find_chattts_exports(models_dir: Path) -> list[OnnxExport]:
     """ChatTTS ONNX exports with FP32 graphs: the folders of the user manifest's models and the
     folders directly under ``models_dir`` whose manifest.json is a chattts-onnx one. Recorded
     exports come first, then by name."""
-    from tts_bridge.engines.chattts_onnx import MANIFEST_FILE, precision_files, read_manifest
-    from tts_bridge.models import ManifestError, user_manifests
+    from tts_bridge.engines.chattts.onnx_engine import MANIFEST_FILE, precision_files, read_manifest
+    from tts_bridge.manifests import ManifestError, user_manifests
 
     candidates: dict[Path, tuple[str, bool]] = {}
     try:
@@ -167,7 +167,7 @@ def export_matches(source: Mapping[str, str], expected: Mapping[str, str]) -> bo
     """True when an export's ``source.sha256`` is exactly the checkpoint the pool trusts: every
     file ChatTTS loads (and the speaker statistics, where either side has them) with equal
     hashes."""
-    from tts_bridge.engines.chattts_torch import CHECKPOINT_FILES, SPK_STAT_FILE
+    from tts_bridge.engines.chattts.torch_engine import CHECKPOINT_FILES, SPK_STAT_FILE
 
     keys = {*CHECKPOINT_FILES, *source}
     if SPK_STAT_FILE in expected:
@@ -202,7 +202,7 @@ def _build_engine(
         path = model or hibari.bundled_model()
         return hibari.HibariEngine(path, hasher.sha256(path), threads), path
     if kind == "chattts":
-        from tts_bridge.engines.chattts_torch import ChatTTSEngine
+        from tts_bridge.engines.chattts.torch_engine import ChatTTSEngine
 
         if model is None:
             raise EngineError("a chattts voice needs 'model': the checkpoint folder")
@@ -211,7 +211,7 @@ def _build_engine(
         )
         return engine, model
     if kind == "chattts-onnx":
-        from tts_bridge.engines.chattts_onnx import ChatTTSOnnxEngine
+        from tts_bridge.engines.chattts.onnx_engine import ChatTTSOnnxEngine
 
         if model is None:
             raise EngineError("a chattts-onnx voice needs 'model': the export folder")
@@ -422,7 +422,7 @@ class EnginePool:
         """The ONNX export of the checkpoint in ``model``, or None and why there is none."""
         expected = self._expected(model)
         if expected is None:
-            from tts_bridge.engines.chattts_torch import official_sha256
+            from tts_bridge.engines.chattts.torch_engine import official_sha256
 
             try:
                 expected = official_sha256()  # what ChatTTSEngine checks without a manifest
@@ -612,7 +612,7 @@ def _session_plan(
     synthesis = settings.synthesis
     intra = threads or synthesis.onnx_threads or len(os.sched_getaffinity(0))
     if synthesis.onnx_spinning == "auto":
-        from tts_bridge.tuning import choose_spinning, detect_hardware
+        from tts_bridge.speech.hardware import choose_spinning, detect_hardware
 
         spinning, _ = choose_spinning(
             "auto", detect_hardware(), threads=intra, concurrency=synthesis.workers or 1

@@ -1,0 +1,139 @@
+"""The scheduler's lanes: live quality jobs in the synthesis slots, fast-tier jobs beside them.
+
+Jobs here block on events, so the order of events is forced rather than timed.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from tts_bridge.speech.scheduler import Scheduler
+
+WAIT_S = 10.0
+
+
+class Blocker:
+    """A job that reports it started, then waits until released."""
+
+    def __init__(self, name: str, log: list[str]) -> None:
+        self.name = name
+        self.started = threading.Event()
+        self.release = threading.Event()
+        self._log = log
+
+    def __call__(self) -> None:
+        self._log.append(f"{self.name} start")
+        self.started.set()
+        assert self.release.wait(WAIT_S)
+        self._log.append(f"{self.name} end")
+
+
+class OneTask:
+    """A background source with a single task that records when it ran."""
+
+    def __init__(self) -> None:
+        self.ran = threading.Event()
+        self.asked = threading.Event()
+
+    def next_task(self) -> Callable[[], None] | None:
+        self.asked.set()
+        if self.ran.is_set():
+            return None
+        return self.ran.set
+
+
+@pytest.fixture
+def scheduler() -> Iterator[Scheduler]:
+    made = Scheduler(1, 3, idle_delay_s=0.0, idle_max_load=1000.0, idle_nice=0)
+    made.start()
+    yield made
+    made.stop(WAIT_S)
+
+
+def test_a_fast_job_does_not_wait_for_the_quality_job_in_the_slot(scheduler: Scheduler) -> None:
+    log: list[str] = []
+    quality, fast = Blocker("quality", log), Blocker("fast", log)
+    assert scheduler.submit_live(quality, 5.0)
+    assert quality.started.wait(WAIT_S)
+    assert scheduler.submit_live(fast, 0.1, urgent=True)
+    # The only slot is held by the quality job, yet the fast job starts.
+    assert fast.started.wait(WAIT_S), log
+    fast.release.set()
+    quality.release.set()
+    assert scheduler.stop(WAIT_S)
+    assert log.index("fast start") < log.index("quality end"), log
+
+
+def test_quality_jobs_still_take_turns_in_the_slot(scheduler: Scheduler) -> None:
+    log: list[str] = []
+    first, second = Blocker("first", log), Blocker("second", log)
+    assert scheduler.submit_live(first)
+    assert first.started.wait(WAIT_S)
+    assert scheduler.submit_live(second)
+    assert not second.started.wait(0.3)  # one slot: it waits
+    first.release.set()
+    assert second.started.wait(WAIT_S)
+    second.release.set()
+    assert scheduler.stop(WAIT_S)
+    assert log == ["first start", "first end", "second start", "second end"]
+
+
+def test_backlog_counts_the_slots_work_not_the_fast_lane(scheduler: Scheduler) -> None:
+    log: list[str] = []
+    running, fast = Blocker("running", log), Blocker("fast", log)
+    assert scheduler.submit_live(running, 4.0)
+    assert running.started.wait(WAIT_S)
+    queued = Blocker("queued", log)
+    assert scheduler.submit_live(queued, 2.0)
+    assert scheduler.submit_live(fast, 3.0, urgent=True)
+    assert fast.started.wait(WAIT_S)
+    # What a new quality job would wait for: the running job's rest and the queued one.
+    assert 5.0 < scheduler.backlog_s() <= 6.0
+    assert scheduler.active == 2  # health still shows both
+    for job in (fast, running, queued):
+        job.release.set()
+
+
+def test_the_queue_bound_counts_both_lanes() -> None:
+    made = Scheduler(1, 2, idle_delay_s=0.0, idle_max_load=1000.0, idle_nice=0)
+    log: list[str] = []
+    # Not started: every job stays queued.
+    assert made.submit_live(Blocker("q1", log))
+    assert made.submit_live(Blocker("f1", log), urgent=True)
+    assert made.depth == 2
+    assert not made.submit_live(Blocker("q2", log))
+    assert not made.submit_live(Blocker("f2", log), urgent=True)
+    assert made.submit_live(Blocker("resumed", log), urgent=True, force=True)
+    assert made.depth == 3
+
+
+def test_stop_finishes_queued_jobs_of_both_lanes() -> None:
+    made = Scheduler(1, 8, idle_delay_s=0.0, idle_max_load=1000.0, idle_nice=0)
+    done: list[str] = []
+    for name, urgent in (("q1", False), ("f1", True), ("q2", False), ("f2", True)):
+        assert made.submit_live(lambda name=name: done.append(name), urgent=urgent)  # type: ignore[misc]
+    made.start()
+    assert made.stop(WAIT_S)
+    assert sorted(done) == ["f1", "f2", "q1", "q2"]
+    assert not made.submit_live(lambda: None, urgent=True)
+
+
+def test_background_work_waits_while_a_fast_job_runs() -> None:
+    source = OneTask()
+    made = Scheduler(1, 8, background=source, idle_delay_s=0.0, idle_max_load=1000.0, idle_nice=0)
+    log: list[str] = []
+    fast = Blocker("fast", log)
+    assert made.submit_live(fast, urgent=True)
+    made.start()
+    try:
+        assert fast.started.wait(WAIT_S)
+        # The idle thread polls every 0.2 s; it must not take its task while live work runs.
+        assert not source.ran.wait(1.0)
+        fast.release.set()
+        assert source.ran.wait(WAIT_S)
+    finally:
+        fast.release.set()
+        made.stop(WAIT_S)

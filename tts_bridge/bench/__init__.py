@@ -1,0 +1,1 @@
+"""Benchmarks (`tts-bridge bench`), their shared helpers and the local broker manager."""

@@ -1,0 +1,177 @@
+"""ChatTTS on ONNX Runtime in the ChatTTS bench: the torch-free child, and an ONNX-only alias.
+
+``tts-bridge bench --chattts`` (``tts_bridge.bench.chattts``) measures torch and ONNX alike; its
+ONNX cases run here, in a fresh process that never imports torch (each row records whether
+torch got imported), so the peak RSS is what a torch-free install pays. This module imports
+onnxruntime, numpy and ``tokenizers`` only, and the torch-free parts of the project.
+
+Run as a script, it is the combined bench restricted to the ONNX cases::
+
+    python -m tts_bridge.bench.onnx_backends OUT_DIR [--tokens 200] [--batches 1 4] [--rounds 1]
+
+Building and exporting the checkpoint (once, kept in OUT_DIR) needs the 'chattts' extra plus
+onnx and onnxscript; the measurements need onnxruntime, numpy and tokenizers only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import json
+import logging
+import os
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from tts_bridge.bench.chattts import (
+    BENCH_TEXTS,
+    FIRST_AUDIO_TEXT,
+    ONNX_CASES,
+    SPEED_LEVEL,
+    WARMUP_TOKENS,
+    result_row,
+)
+from tts_bridge.bench.util import patched, rss_mb, time_first_chunk
+
+
+def measure_onnx(spec: dict[str, Any]) -> dict[str, Any]:
+    """ONNX FP32 or INT8: load through ChatTTSOnnxEngine, time the loop, decoding, first audio."""
+    precision = spec["case"].removeprefix("onnx-")
+    if spec["case"] not in ONNX_CASES:
+        raise ValueError(f"not an ONNX case: {spec['case']}")
+    batch, tokens = int(spec["batch"]), int(spec["tokens"])
+    loadavg_start = os.getloadavg()[0]
+    started = time.perf_counter()
+    importlib.import_module("onnxruntime")
+    importlib.import_module("tokenizers")
+    import_s = time.perf_counter() - started
+    from tts_bridge.engines.chattts.onnx_engine import (
+        ChatTTSOnnxEngine,
+        SamplingParams,
+        code_prompt,
+    )
+    from tts_bridge.engines.chattts.torch_engine import ChatTTSOptions
+
+    engine = ChatTTSOnnxEngine(
+        Path(spec["export"]),
+        precision="int8" if precision == "int8" else "fp32",
+        threads=int(spec["threads"]),
+        spinning=bool(spec.get("spinning", True)),
+    )
+    started = time.perf_counter()
+    engine.load()  # verifies every file's SHA-256 against the export's manifest
+    load_s = time.perf_counter() - started
+    rss_loaded = rss_mb()
+    # As in the torch bench: the engine sizes each generation from the text, so the code loop is
+    # driven on the loaded model with a fixed count; the speaker is the engine's default one
+    # (sampled before the graphs loaded, as the engine does it).
+    loaded = engine._loaded
+    assert loaded is not None
+    model, speaker = loaded.model, loaded.default_speaker
+    texts = [BENCH_TEXTS[i % len(BENCH_TEXTS)] for i in range(batch)]
+    prompts = [code_prompt(model.cleaner(t), SPEED_LEVEL, True) for t in texts]
+    prompt = model.encode(prompts, speaker)
+    warm = SamplingParams(min_new_token=WARMUP_TOKENS, max_new_token=WARMUP_TOKENS)
+    for result in model.generate(prompt, warm, seed=0):
+        model.decode(result.hiddens)
+
+    # EOS blocked for every step: a fixed amount of work whatever the random weights say.
+    params = SamplingParams(min_new_token=tokens, max_new_token=tokens)
+    started = time.perf_counter()
+    results = model.generate(prompt, params, seed=0)
+    loop_s = time.perf_counter() - started
+    times = model.times
+    if any(r.hiddens.shape[0] != tokens for r in results):
+        raise RuntimeError(
+            f"expected {tokens} codes per text, got {[len(r.codes) for r in results]}"
+        )
+    started = time.perf_counter()
+    audio = [model.decode(r.hiddens) for r in results]
+    decode_s = time.perf_counter() - started
+    rss_in_use = rss_mb()
+    first_audio = None
+    codes = int(spec["first_audio_codes"])
+    if codes:
+        with onnx_fixed_codes(codes):
+            # What a "stream": true request gets: audio while the codes are generated.
+            first_audio = time_first_chunk(
+                lambda: engine.synthesize_stream(FIRST_AUDIO_TEXT, None, ChatTTSOptions())
+            )
+    return result_row(
+        spec,
+        started_load=loadavg_start,
+        import_s=import_s,
+        load_s=load_s,
+        loop_s=loop_s,
+        decode_s=decode_s,
+        audio_s=sum(a.size for a in audio) / 24_000,
+        first_audio=first_audio,
+        extra={
+            "gpt_ms_per_step": round(1000 * times.gpt / times.steps, 2),
+            "sampling_ms_per_step": round(1000 * times.sampling / times.steps, 2),
+            "spinning": bool(spec.get("spinning", True)),
+            "samples_per_text": int(audio[0].size),
+            "rss_loaded_mb": round(rss_loaded, 1),
+            "rss_in_use_mb": round(rss_in_use, 1),
+        },
+    )
+
+
+@contextlib.contextmanager
+def onnx_fixed_codes(codes: int) -> Iterator[None]:
+    """Make ChatTTSOnnxEngine's generations exactly ``codes`` long (EOS blocked until then).
+
+    The engine sizes each generation with ``max_new_tokens`` and builds its ``SamplingParams``
+    in the module; both are replaced while this is active.
+    """
+    from tts_bridge.engines.chattts import onnx_engine
+
+    original = onnx_engine.SamplingParams
+
+    def fixed(*args: Any, **kwargs: Any) -> Any:
+        kwargs["min_new_token"] = kwargs["max_new_token"] = codes
+        return original(*args, **kwargs)
+
+    with (
+        patched(onnx_engine, "max_new_tokens", lambda _seconds: codes),
+        patched(onnx_engine, "SamplingParams", fixed),
+    ):
+        yield
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["--child"] and len(args) == 2:
+        logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+        print(json.dumps(measure_onnx(json.loads(args[1]))))
+        return 0
+    parser = argparse.ArgumentParser(
+        prog="python -m tts_bridge.bench.onnx_backends",
+        description="the ChatTTS bench (tts-bridge bench --chattts), ONNX cases only",
+    )
+    parser.add_argument("out", type=Path, help="work folder (checkpoint, onnx, results.json)")
+    parser.add_argument("--tokens", type=int, default=200, help="codes per text")
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 4])
+    parser.add_argument("--rounds", type=int, default=1, help="interleaved rounds (best kept)")
+    parser.add_argument("--threads", type=int, default=None)
+    options = parser.parse_args(args)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    from tts_bridge.bench.chattts import run_chattts_bench
+
+    run_chattts_bench(
+        options.out,
+        options.tokens,
+        options.batches,
+        rounds=options.rounds,
+        cases=ONNX_CASES,
+        threads=options.threads,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""The `tts-bridge` command line."""

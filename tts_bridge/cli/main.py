@@ -1,0 +1,424 @@
+"""Command line: run, say, cache, voices, bench. Only argument parsing and start-up live here."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import re
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING, Any
+
+from tts_bridge import __version__
+from tts_bridge.cli.models import add_models_parser
+from tts_bridge.config import AUTO_FAST_VOICE, ConfigError, Settings, load_settings
+
+if TYPE_CHECKING:
+    from tts_bridge.speech.hardware import ThreadPlan
+    from tts_bridge.speech.synthesis import Synthesizer
+
+_LOGGER = logging.getLogger(__name__)
+
+EXIT_CONFIG = 2
+DEFAULT_BENCH_OUT = Path("bench/results/bench.json")
+DEFAULT_CHATTTS_BENCH_OUT = Path("bench/results/chattts")
+
+
+def _setup_logging(settings: Settings | None, debug: bool) -> None:
+    level = "DEBUG" if debug else (settings.logging.level if settings else "INFO")
+    logging.basicConfig(
+        level=level,
+        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
+        stream=sys.stderr,
+        force=True,
+    )
+    if not debug:  # paho and piper are chatty at DEBUG; keep them quiet unless asked
+        for noisy in ("piper", "hibari"):
+            logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def _flag_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    mqtt: dict[str, Any] = {}
+    if getattr(args, "host", None):
+        mqtt["host"] = args.host
+    if getattr(args, "port", None):
+        mqtt["port"] = args.port
+    overrides: dict[str, Any] = {"mqtt": mqtt} if mqtt else {}
+    if getattr(args, "cache_dir", None):
+        overrides["cache"] = {"dir": args.cache_dir}
+    return overrides
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    return load_settings(args.config, _flag_overrides(args))
+
+
+def _thread_plan(settings: Settings) -> ThreadPlan:
+    """The hardware plan, with the settings' explicit values taking precedence."""
+    from tts_bridge.speech.hardware import plan_for_settings
+
+    return plan_for_settings(settings)
+
+
+def _build_synthesizer(settings: Settings, plan: ThreadPlan) -> Synthesizer:
+    from tts_bridge.engines.registry import EnginePool
+    from tts_bridge.speech.cache import SentenceCache
+    from tts_bridge.speech.synthesis import Synthesizer
+
+    pool = EnginePool(settings, plan=plan)
+    return Synthesizer(settings, pool, SentenceCache(settings.cache))
+
+
+def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
+    from tts_bridge.service.bridge import Bridge
+
+    plan = _thread_plan(settings)
+    for line in plan.describe():
+        _LOGGER.info("Thread plan: %s", line)
+    bridge = Bridge(
+        settings, _build_synthesizer(settings, plan), plan.synthesis_concurrency, plan.idle_nice
+    )
+    stop = threading.Event()
+
+    def _on_signal(signum: int, frame: FrameType | None) -> None:
+        _LOGGER.info("Received %s", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGINT, _on_signal)
+    _LOGGER.info(
+        "tts_bridge %s: base topic %r, voices %s (default %s), cache %s",
+        __version__,
+        settings.mqtt.base_topic,
+        ", ".join(settings.voices),
+        settings.default_voice,
+        settings.cache.dir,
+    )
+    bridge.start()
+    while not stop.wait(1.0):
+        pass
+    bridge.stop()
+    return 0
+
+
+def cmd_say(args: argparse.Namespace, settings: Settings) -> int:
+    from tts_bridge.engines.registry import UnknownVoiceError
+    from tts_bridge.speech.synthesis import RequestError
+
+    text = args.text if args.text != "-" else sys.stdin.read()
+    synth = _build_synthesizer(settings, _thread_plan(settings))
+    try:
+        rendering = synth.render(text, args.voice, use_cache=not args.no_cache, lang=args.lang)
+    except RequestError as exc:
+        print(f"error ({exc.code}): {exc}", file=sys.stderr)
+        return 1
+    except UnknownVoiceError as exc:
+        print(f"error (unknown_voice): {exc.args[0]}", file=sys.stderr)
+        return 1
+    finally:
+        synth.cache.close()
+    args.output.write_bytes(rendering.wav)
+    print(
+        f"{args.output}: {rendering.duration_ms} ms, {rendering.sample_rate} Hz, voice "
+        f"{rendering.voice} ({rendering.engine}), {rendering.cached_sentences}/"
+        f"{rendering.sentences} sentences from the cache"
+    )
+    return 0
+
+
+def cmd_cache(args: argparse.Namespace, settings: Settings) -> int:
+    from tts_bridge.speech.cache import SentenceCache
+
+    cache = SentenceCache(settings.cache)
+    try:
+        if args.action == "clear":
+            removed = cache.clear()
+            print(f"removed {removed} entries from {cache.directory}")
+        else:
+            print(json.dumps(cache.stats(), indent=2))
+    finally:
+        cache.close()
+    return 0
+
+
+def cmd_voices(args: argparse.Namespace, settings: Settings) -> int:
+    from tts_bridge.engines.registry import EnginePool
+
+    pool = EnginePool(settings)
+    for voice in pool:
+        mark = "*" if voice.name == settings.default_voice else " "
+        print(
+            f"{mark} {voice.name:<12} {voice.engine.name:<12} {voice.backend or '-':<5} "
+            f"{voice.engine.tier:<8} {','.join(sorted(voice.engine.languages)):<6} "
+            f"{voice.engine.sample_rate:>6} Hz  {voice.engine.identity}"
+        )
+        if voice.backend_note:  # ChatTTS voices: why torch or the ONNX export
+            print(f"    backend {voice.backend}: {voice.backend_note}")
+    return 0
+
+
+def cmd_play(args: argparse.Namespace, settings: Settings) -> int:
+    from tts_bridge.cli.play import run_player
+
+    mqtt = settings.mqtt
+    return run_player(
+        mqtt.host,
+        mqtt.port,
+        mqtt.base_topic,
+        args.target,
+        args.out,
+        username=mqtt.username,
+        password=mqtt.password,
+        tls=mqtt if mqtt.tls.enabled else None,
+        count=args.count,
+    )
+
+
+def cmd_prerender(args: argparse.Namespace, settings: Settings) -> int:
+    """Render phrases into the cache without a broker, with a progress line."""
+    from tts_bridge.engines.registry import UnknownVoiceError
+    from tts_bridge.speech.idle import read_phrases
+    from tts_bridge.speech.synthesis import RequestError, prepare_text
+
+    texts = list(args.phrases)
+    if args.file is not None:
+        texts += [
+            line.strip()
+            for line in args.file.read_text(encoding="utf-8").splitlines()
+            if line.strip() and not line.lstrip().startswith("#")
+        ]
+    if not texts:
+        texts = read_phrases(settings)
+    synth = _build_synthesizer(settings, _thread_plan(settings))
+    try:
+        voice = synth.engines.voice(args.voice)
+        sentences = []
+        for text in texts:
+            try:
+                sentences += prepare_text(text, settings.limits.max_text_chars)
+            except RequestError as exc:
+                print(f"skipped ({exc.code}): {text[:60]!r}", file=sys.stderr)
+        options = synth.options_for(voice)
+        rendered = cached = 0
+        for number, sentence in enumerate(sentences, 1):
+            piece = synth.sentence(voice, 0, sentence, options, True)
+            cached += piece.cached
+            rendered += not piece.cached
+            bar = "#" * (30 * number // len(sentences))
+            print(f"\r[{bar:<30}] {number}/{len(sentences)}", end="", file=sys.stderr)
+        print(file=sys.stderr)
+    except UnknownVoiceError as exc:
+        print(f"error (unknown_voice): {exc.args[0]}", file=sys.stderr)
+        return 1
+    finally:
+        synth.cache.close()
+    print(
+        f"{len(sentences)} sentences for voice {voice.name}: {rendered} rendered, {cached} cached"
+    )
+    return 0
+
+
+def cmd_voices_new(args: argparse.Namespace, settings: Settings) -> int:
+    """Sample a ChatTTS speaker deterministically from a seed and store it in the voices file."""
+    import hashlib
+
+    import yaml
+
+    from tts_bridge.config import NAME_PATTERN, VoiceSettings
+    from tts_bridge.engines.base import EngineError
+    from tts_bridge.engines.chattts.torch_engine import ChatTTSEngine
+    from tts_bridge.engines.registry import manifest_hashes
+
+    if not re.match(NAME_PATTERN, args.name):
+        print(f"error: voice name must match {NAME_PATTERN}", file=sys.stderr)
+        return 1
+    if args.name in settings.voices and not args.force:
+        print(f"error: voice {args.name!r} exists (use --force to replace it)", file=sys.stderr)
+        return 1
+    model = args.model
+    if model is None:
+        chattts = [v for v in settings.voices.values() if v.engine == "chattts" and v.model]
+        if not chattts:
+            print(
+                "error: give --model CHECKPOINT_DIR (no chattts voice configured)", file=sys.stderr
+            )
+            return 1
+        model = chattts[0].model
+    assert model is not None
+    folder = model if model.is_absolute() else settings.models.dir / model
+    engine = ChatTTSEngine(folder, expected_sha256=manifest_hashes(folder, settings.models.dir))
+    try:
+        spk_emb = engine.sample_speaker(args.seed)
+    except EngineError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    entry = VoiceSettings(
+        engine="chattts",
+        model=model,
+        spk_emb=spk_emb,
+        spk_emb_sha256=hashlib.sha256(spk_emb.encode()).hexdigest(),
+        fast_voice=(
+            args.fast_voice
+            if args.fast_voice == AUTO_FAST_VOICE or args.fast_voice in settings.voices
+            else None
+        ),
+        description=f"ChatTTS speaker from seed {args.seed}",
+    )
+    path = settings.voices_file
+    existing: dict[str, Any] = {}
+    if path.is_file():
+        existing = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    existing.setdefault("voices", {})[args.name] = entry.model_dump(mode="json", exclude_none=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(yaml.safe_dump(existing, sort_keys=False, width=1 << 20), encoding="utf-8")
+    tmp.replace(path)  # atomic: a crash never leaves half a voices file
+    print(f"voice {args.name!r} (seed {args.seed}) written to {path}")
+    return 0
+
+
+def cmd_doctor(args: argparse.Namespace, settings: Settings) -> int:
+    from tts_bridge.cli.doctor import run_doctor
+
+    return run_doctor(settings, _thread_plan(settings), sys.stdout)
+
+
+def cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
+    if args.chattts:
+        from tts_bridge.bench.chattts import run_chattts_bench
+
+        # --out is the work folder here: checkpoint, ONNX export and results.json.
+        out = args.out if args.out != DEFAULT_BENCH_OUT else DEFAULT_CHATTTS_BENCH_OUT
+        run_chattts_bench(out, args.tokens, args.batches, rounds=args.rounds)
+        return 0
+    if args.sweep:
+        from tts_bridge.bench.sweep import run_sweep
+
+        out = args.out if args.out != DEFAULT_BENCH_OUT else args.out.with_name("sweep.json")
+        run_sweep(settings, out, repeats=args.repeats)
+        return 0
+    from tts_bridge.bench.engines import run_bench
+
+    return int(run_bench(settings, args))
+
+
+def _add_voices_parser(sub: Any, common: argparse.ArgumentParser) -> None:
+    voices = sub.add_parser("voices", parents=[common], help="list or make voices")
+    voices.set_defaults(func=cmd_voices)
+    voices_sub = voices.add_subparsers(dest="voices_command")
+    voices_list = voices_sub.add_parser("list", parents=[common], help="list the voices")
+    voices_list.set_defaults(func=cmd_voices)
+    new = voices_sub.add_parser("new", parents=[common], help="make a ChatTTS voice from a seed")
+    new.add_argument("name", help="voice name")
+    new.add_argument("--seed", type=int, required=True, help="the same seed gives the same voice")
+    new.add_argument(
+        "--model", type=Path, help="ChatTTS checkpoint folder (default: a chattts voice's)"
+    )
+    new.add_argument(
+        "--fast-voice",
+        default="auto",
+        help="fast tier voice (default: auto = the same speaker on the ONNX export's INT8 graphs "
+        "once there is one, else heart)",
+    )
+    new.add_argument("--force", action="store_true", help="replace an existing voice")
+    new.set_defaults(func=cmd_voices_new)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tts-bridge",
+        description="MQTT text-to-speech bridge for the home: text in, WAV out.",
+        epilog="Every command takes --config FILE, --cache-dir DIR and --debug.",
+    )
+    parser.add_argument("--version", action="version", version=f"tts-bridge {__version__}")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--config", type=Path, help="YAML settings file")
+    common.add_argument("--debug", action="store_true", help="log at DEBUG level")
+    common.add_argument("--cache-dir", type=Path, help="override cache.dir")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", parents=[common], help="run the MQTT bridge")
+    run.add_argument("--host", help="override mqtt.host")
+    run.add_argument("--port", type=int, help="override mqtt.port")
+    run.set_defaults(func=cmd_run)
+
+    say = sub.add_parser("say", parents=[common], help="synthesize offline to a WAV file")
+    say.add_argument("text", help="text to speak ('-' reads standard input)")
+    say.add_argument("-o", "--output", type=Path, required=True, help="WAV file to write")
+    say.add_argument("--voice", help="voice name (default: default_voice)")
+    say.add_argument("--lang", help="language of the text (e.g. en, zh)")
+    say.add_argument("--no-cache", action="store_true", help="neither read nor write the cache")
+    say.set_defaults(func=cmd_say)
+
+    cache = sub.add_parser("cache", parents=[common], help="show or clear the sentence cache")
+    cache.add_argument("action", choices=["stats", "clear"])
+    cache.set_defaults(func=cmd_cache)
+
+    _add_voices_parser(sub, common)
+    add_models_parser(sub, common)
+    play = sub.add_parser("play", parents=[common], help="play (or save) what a target receives")
+    play.add_argument("--target", default="default", help="say target to listen to ('+' = all)")
+    play.add_argument("--out", type=Path, help="write WAV files here instead of playing them")
+    play.add_argument("--count", type=int, help="stop after this many messages")
+    play.set_defaults(func=cmd_play)
+
+    pre = sub.add_parser("prerender", parents=[common], help="render phrases into the cache")
+    pre.add_argument("phrases", nargs="*", help="phrases (default: the config's phrases)")
+    pre.add_argument("--file", type=Path, help="a file of phrases, one per line")
+    pre.add_argument("--voice", help="voice (default: default_voice)")
+    pre.set_defaults(func=cmd_prerender)
+
+    bench = sub.add_parser("bench", parents=[common], help="measure engines and cache latency")
+    bench.add_argument("--requests", type=int, default=200, help="cache-hit requests over MQTT")
+    bench.add_argument(
+        "--out",
+        type=Path,
+        default=DEFAULT_BENCH_OUT,
+        help="results file; with --chattts the work folder (checkpoint, onnx, results.json)",
+    )
+    bench.add_argument(
+        "--sweep", action="store_true", help="threads (1, 2) x concurrency (1, 2) sweep"
+    )
+    bench.add_argument("--repeats", type=int, default=2, help="sweep rounds (best run kept)")
+    bench.add_argument(
+        "--chattts",
+        action="store_true",
+        help="full-size ChatTTS on random weights: torch and ONNX, FP32 and INT8",
+    )
+    bench.add_argument("--tokens", type=int, default=200, help="GPT tokens per text (--chattts)")
+    bench.add_argument(
+        "--batches", type=int, nargs="+", default=[1, 4], help="batch sizes (--chattts)"
+    )
+    bench.add_argument(
+        "--rounds", type=int, default=1, help="interleaved rounds, best kept (--chattts)"
+    )
+    bench.add_argument("--skip-mqtt", action="store_true", help="only the engine measurements")
+    bench.add_argument("--burst", type=int, default=12, help="live requests in the routing burst")
+    bench.set_defaults(func=cmd_bench)
+
+    doctor = sub.add_parser("doctor", parents=[common], help="check the setup, line by line")
+    doctor.set_defaults(func=cmd_doctor)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        settings = _settings(args)
+    except ConfigError as exc:
+        print(f"tts-bridge: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    _setup_logging(settings, args.debug)
+    from tts_bridge.engines.base import EngineError
+
+    try:
+        return int(args.func(args, settings))
+    except EngineError as exc:  # a model or manifest problem found at start-up
+        print(f"tts-bridge: {exc}", file=sys.stderr)
+        return EXIT_CONFIG

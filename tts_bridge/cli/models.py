@@ -1,0 +1,148 @@
+"""`tts-bridge models`: list, add, verify, export and quantize model files."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from tts_bridge import manifests
+from tts_bridge.config import Settings
+from tts_bridge.manifests import (
+    USER_MANIFEST,
+    ManifestError,
+    ModelError,
+    add_model,
+    load_manifests,
+    verify_model,
+)
+
+
+def _size_mb(size: int) -> str:
+    return f"{size / 1e6:.1f} MB"
+
+
+def cmd_models_add(settings: Settings, name: str, path: Path) -> int:
+    """``tts-bridge models add NAME PATH``: record a model file or folder as trusted."""
+    models_dir = settings.models.dir
+    if not path.is_absolute() and not path.exists() and (models_dir / path).exists():
+        path = models_dir / path  # "models add amy en_US-amy.onnx" for a file in models.dir
+    try:
+        manifest = add_model(name, path, models_dir)
+    except (ModelError, OSError) as exc:
+        print(f"tts-bridge: cannot add model {name!r}: {exc}", file=sys.stderr)
+        return 1
+    print(
+        f"recorded model {manifest.name}: {len(manifest.files)} files, "
+        f"{_size_mb(manifest.total_bytes)}, root {manifest.root.describe()} "
+        f"(in {models_dir / USER_MANIFEST})"
+    )
+    for entry in manifest.files:
+        print(f"  {entry.sha256}  {entry.size:>12}  {entry.path}")
+    return 0
+
+
+def cmd_models_verify(settings: Settings) -> int:
+    """``tts-bridge models verify``: hash every model file; non-zero naming each bad file."""
+    models_dir = settings.models.dir
+    try:
+        manifests = load_manifests(models_dir)
+    except ModelError as exc:
+        print(f"tts-bridge: {exc}", file=sys.stderr)
+        return 1
+    bad = 0
+    for manifest in manifests.values():
+        problems = verify_model(manifest, models_dir)
+        if not problems:
+            print(f"ok    {manifest.name} ({len(manifest.files)} files)")
+            continue
+        bad += len(problems)
+        print(f"BAD   {manifest.name}", file=sys.stderr)
+        for problem in problems:
+            print(f"  {problem}", file=sys.stderr)
+    if bad:
+        print(f"tts-bridge: {bad} model file(s) failed verification", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_models_list(settings: Settings) -> int:
+    """``tts-bridge models list``: every known model, where it lives, without hashing."""
+    models_dir = settings.models.dir
+    try:
+        manifests = load_manifests(models_dir)
+    except ModelError as exc:
+        print(f"tts-bridge: {exc}", file=sys.stderr)
+        return 1
+    for manifest in manifests.values():
+        try:
+            where = str(manifest.folder(models_dir))
+        except ManifestError as exc:
+            where = f"({exc})"
+        print(
+            f"{manifest.name:<28} {manifest.origin:<8} {len(manifest.files):>3} files "
+            f"{_size_mb(manifest.total_bytes):>10}  {where}"
+        )
+    return 0
+
+
+def _cmd_models(args: argparse.Namespace, settings: Settings) -> int:
+
+    if args.models_command == "add":
+        return cmd_models_add(settings, args.name, args.path)
+    if args.models_command == "verify":
+        return cmd_models_verify(settings)
+    if args.models_command == "export":
+        return _models_export(settings, args.source, args.dest, args.name)
+    if args.models_command == "quantize":
+        return _models_quantize(settings, args.name)
+    return cmd_models_list(settings)
+
+
+def _models_export(settings: Settings, source: Path, dest: Path, name: str) -> int:
+    """ChatTTS checkpoint -> ONNX graphs (needs the torch extra; once, on any machine)."""
+    from tts_bridge.engines.chattts.export import export_chattts
+    from tts_bridge.engines.registry import manifest_hashes
+
+    export_chattts(source, dest, expected_sha256=manifest_hashes(source, settings.models.dir))
+    manifests.add_model(name, dest, settings.models.dir)
+    print(f"exported {source} to {dest}; recorded as model {name!r}")
+    return 0
+
+
+def _models_quantize(settings: Settings, name: str) -> int:
+    """INT8 graphs beside an ONNX export (onnxruntime dynamic quantization); re-recorded."""
+    from tts_bridge.engines.chattts.quantize import quantize_onnx
+
+    manifest = manifests.get_manifest(name, settings.models.dir)
+    folder = manifest.folder(settings.models.dir)
+    bad = manifests.verify_model(manifest, settings.models.dir)
+    if bad:
+        for problem in bad:
+            print(f"refused: {problem}", file=sys.stderr)
+        return 1
+    written = quantize_onnx(folder)
+    manifests.add_model(name, folder, settings.models.dir)
+    print(f"quantized {name!r}: {', '.join(p.name for p in written)}")
+    return 0
+
+
+def add_models_parser(sub: Any, common: argparse.ArgumentParser) -> None:
+    parser = sub.add_parser("models", parents=[common], help="list, add or verify model files")
+    parser.set_defaults(func=_cmd_models, models_command="list")
+    models_sub = parser.add_subparsers(dest="models_command")
+    models_sub.add_parser("list", parents=[common], help="models and their files")
+    add = models_sub.add_parser("add", parents=[common], help="trust a model file or folder")
+    add.add_argument("name", help="model name for the manifest")
+    add.add_argument("path", type=Path, help="model file or checkpoint folder")
+    models_sub.add_parser("verify", parents=[common], help="check every model file's SHA-256")
+    export = models_sub.add_parser(
+        "export", parents=[common], help="ChatTTS checkpoint -> ONNX (needs the torch extra)"
+    )
+    export.add_argument("kind", choices=["chattts"], help="what to export")
+    export.add_argument("--from", dest="source", type=Path, required=True, help="checkpoint")
+    export.add_argument("--to", dest="dest", type=Path, required=True, help="output folder")
+    export.add_argument("--name", default="chattts-onnx", help="model name for the manifest")
+    quantize = models_sub.add_parser("quantize", parents=[common], help="INT8 ONNX graphs")
+    quantize.add_argument("name", help="an exported model's name")

@@ -1,0 +1,145 @@
+"""INT8 variants of an exported ChatTTS model (onnxruntime dynamic quantization).
+
+Dynamic quantization stores MatMul weights as 8-bit integers and quantizes activations per call;
+it needs no calibration data, which we could not have without the real weights anyway.
+
+Choices, measured with the full-size architecture (random weights, 2 threads; see the report of
+issue 4 and ``python -m tts_bridge.bench.onnx_backends``):
+
+* **Weight type by CPU.** onnxruntime multiplies u8 activations by s8 (QInt8) weights. On x86
+  CPUs with VNNI (``avx512_vnni``/``avx_vnni``) that is one exact instruction, and QInt8 was the
+  fastest choice (Xeon with AVX512-VNNI: batch 1 68 vs 57 tokens/s, batch 4 196 vs 137 for
+  QUInt8; logit error equal, 0.02). Without VNNI (AVX2 only, e.g. AMD Zen 2/3) the u8 x s8
+  path goes through ``vpmaddubsw``, whose 16-bit sums saturate: QInt8 logits were badly off
+  (relative error 0.36) and slower (76 vs 91 tokens/s), so QUInt8 is used there, and on
+  anything that is not x86. ``weight_type="auto"`` (the default) decides by the CPU that
+  quantizes; the engine warns when a QInt8 model is loaded on a CPU without VNNI.
+* **Per tensor, no reduce_range.** Per-channel scales cut the logit error by a tenth (0.017 vs
+  0.019) and were no faster; reduce_range (7-bit weights, the other cure for saturation) raised
+  the error by half (0.029 vs 0.019) for no measurable speed on VNNI.
+* **The decoder and Vocos stay FP32.** Together they take about 1 ms per GPT token (200 tokens:
+  decoder 124 ms, Vocos 74 ms); INT8 saved at most 15 ms of that and put its error straight
+  into the waveform.
+* **MatMul only.** onnxruntime's dynamic ConvInteger path is slower than its FP32 convolutions.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from tts_bridge.engines.base import EngineError
+from tts_bridge.engines.chattts.onnx_engine import (
+    COMMON_FILES,
+    GRAPHS,
+    HEAD_TEXT_FILE,
+    cpu_has_vnni,
+    external_data_path,
+    precision_files,
+    read_manifest,
+    write_manifest,
+)
+
+_LOGGER = logging.getLogger(__name__)
+
+WeightType = Literal["auto", "quint8", "qint8"]
+
+
+@dataclass(frozen=True)
+class QuantizeSettings:
+    """How ``quantize_onnx`` quantizes; the defaults are the measured choice (module docs)."""
+
+    weight_type: WeightType = "auto"
+    """8-bit weight type; "auto": QInt8 on x86 CPUs with VNNI, QUInt8 elsewhere (module docs)."""
+    per_channel: bool = False
+    """One scale per output channel instead of per tensor."""
+    reduce_range: bool = False
+    """7-bit weights, which avoids the saturation but loses precision."""
+    graphs: tuple[str, ...] = ("gpt",)
+    """Which graphs get an INT8 file; the others are shared with the FP32 variant."""
+
+
+def resolve_weight_type(requested: WeightType) -> Literal["quint8", "qint8"]:
+    """The weight type "auto" stands for on this CPU (see the module docs)."""
+    if requested != "auto":
+        return requested
+    return "qint8" if cpu_has_vnni() else "quint8"
+
+
+def int8_name(fp32_name: str) -> str:
+    """'gpt.onnx' -> 'gpt.int8.onnx'."""
+    stem = fp32_name.removesuffix(".onnx")
+    return f"{stem}.int8.onnx"
+
+
+def quantize_onnx(dest: Path, settings: QuantizeSettings | None = None) -> list[Path]:
+    """Write INT8 graphs next to the FP32 export in ``dest``; update its manifest.
+
+    Adds the ``int8`` variant (quantized graphs per ``settings``, FP32 for the rest) and the
+    settings used to the manifest. Returns the files written, the manifest last. Needs ``onnx``
+    (onnxruntime's quantizer edits the graph with it), not torch.
+    """
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    settings = settings or QuantizeSettings()
+    unknown = set(settings.graphs) - set(GRAPHS)
+    if unknown:
+        raise EngineError(f"unknown graphs to quantize: {sorted(unknown)}")
+    manifest = read_manifest(dest)
+    fp32 = precision_files(manifest, "fp32")
+    chosen = resolve_weight_type(settings.weight_type)
+    weight_type = QuantType.QInt8 if chosen == "qint8" else QuantType.QUInt8
+    written: list[Path] = []
+    int8 = dict(fp32)
+    for role in settings.graphs:
+        source = dest / fp32[role]
+        target = dest / int8_name(fp32[role])
+        quantize_dynamic(
+            source,
+            target,
+            # MatMul only: onnxruntime's dynamic ConvInteger is slower than FP32 Conv on CPU.
+            op_types_to_quantize=["MatMul", "Gemm"],
+            per_channel=settings.per_channel,
+            reduce_range=settings.reduce_range,
+            weight_type=weight_type,
+            # Weights in "<graph>.data", as the exporter writes them (less peak memory at load).
+            use_external_data_format=True,
+        )
+        _LOGGER.info(
+            "Quantized %s -> %s (%s weights, %.1f -> %.1f MB)",
+            source.name,
+            target.name,
+            chosen,
+            _size(source) / 1e6,
+            _size(target) / 1e6,
+        )
+        int8[role] = target.name
+        written += [target, external_data_path(target)]
+    files = _all_files(manifest, [p.name for p in written])
+    variants = {**manifest["variants"], "int8": int8}
+    extra = {k: v for k, v in manifest.items() if k not in ("files", "variants")}
+    extra["quantization"] = {
+        "method": "onnxruntime.quantization.quantize_dynamic",
+        "weight_type": chosen,
+        "requested_weight_type": settings.weight_type,
+        "quantized_on_vnni_cpu": cpu_has_vnni(),
+        "per_channel": settings.per_channel,
+        "reduce_range": settings.reduce_range,
+        "graphs": list(settings.graphs),
+    }
+    written.append(write_manifest(dest, files, variants=variants, extra=extra))
+    return written
+
+
+def _size(graph: Path) -> int:
+    data = external_data_path(graph)
+    return graph.stat().st_size + (data.stat().st_size if data.is_file() else 0)
+
+
+def _all_files(manifest: Mapping[str, Any], added: Sequence[str]) -> list[str]:
+    # read_manifest checked that "files" is a mapping; re-quantizing rewrites the same names.
+    known = set(manifest["files"]) | set(COMMON_FILES) | {HEAD_TEXT_FILE}
+    return sorted(known | set(added))

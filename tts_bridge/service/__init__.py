@@ -1,0 +1,1 @@
+"""The running service: builds everything once, and one module per front end."""

@@ -1,0 +1,506 @@
+"""Text to one WAV: split into sentences, take each from the cache or an engine, join them.
+
+This is the one rendering path for the bridge, the `say` command and the benchmark; it knows
+nothing of MQTT. It runs on synthesis threads only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Callable, Generator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from tts_bridge import audio
+from tts_bridge.config import Settings
+from tts_bridge.engines.base import (
+    BatchEngine,
+    Engine,
+    EngineError,
+    FloatAudio,
+    SynthesisOptions,
+)
+from tts_bridge.engines.registry import BackendFallbackError, EnginePool, Voice
+from tts_bridge.speech.cache import CacheKey, SentenceCache
+from tts_bridge.speech.routing import CostEstimator
+from tts_bridge.text.sentences import (
+    clean,
+    has_cjk,
+    is_speakable,
+    split_sentences,
+)
+
+_LOGGER = logging.getLogger(__name__)
+
+
+class RequestError(Exception):
+    """A request that cannot be served; `code` is machine-readable, the message is for people."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass(frozen=True)
+class SentenceAudio:
+    """One whole sentence: joined into a message, cached, or sent on its own."""
+
+    index: int
+    text: str
+    pcm: audio.Int16Audio
+    cached: bool
+
+
+@dataclass(frozen=True)
+class AudioPart:
+    """A piece of audio as soon as it is made: one message on the stream topic.
+
+    From `Synthesizer.sentence`, `seq` counts the sentence's parts and `last` marks its final
+    part; `render_plan` renumbers them into the request's stream (see `StreamNumbering`).
+    """
+
+    seq: int
+    sentence: int
+    """Index of the sentence the audio belongs to."""
+    pcm: audio.Int16Audio
+    cached: bool
+    last: bool
+
+
+class StreamNumbering:
+    """Parts of successive sentences -> the request's stream messages: `seq` 0, 1, 2, ... across
+    the request, `last` only on the last sentence's final part, and the sentence pause at the
+    start of the first part of every sentence after the first, so that the messages joined are
+    the one-WAV answer sample for sample."""
+
+    def __init__(
+        self, on_part: Callable[[AudioPart], None], sentences: int, pause: audio.Int16Audio
+    ) -> None:
+        self._on_part = on_part
+        self._sentences = sentences
+        self._pause = pause
+        self._next = 0
+
+    def __call__(self, part: AudioPart) -> None:
+        pcm = part.pcm
+        if part.seq == 0 and part.sentence > 0 and self._pause.size:
+            pcm = np.concatenate([self._pause, pcm])
+        last = part.last and part.sentence == self._sentences - 1
+        self._on_part(dataclasses.replace(part, seq=self._next, pcm=pcm, last=last))
+        self._next += 1
+
+
+@dataclass
+class Rendering:
+    """A finished message and how it was made."""
+
+    wav: bytes
+    sample_rate: int
+    duration_ms: int
+    voice: str
+    engine: str
+    tier: str
+    sentences: int
+    cached_sentences: int
+    synth_seconds: float = 0.0
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def cached(self) -> bool:
+        return self.cached_sentences == self.sentences
+
+
+def prepare_text(text: str, max_chars: int) -> list[str]:
+    """Validate and split user text; raises RequestError with a user-facing reason."""
+    if not text.strip():
+        raise RequestError("empty_text", "the text is empty")
+    cleaned = clean(text)
+    if len(cleaned) > max_chars:
+        raise RequestError(
+            "text_too_long", f"the text has {len(cleaned)} characters; the limit is {max_chars}"
+        )
+    if not cleaned or not is_speakable(cleaned):
+        raise RequestError(
+            "nothing_speakable", "the text has no letters or digits to speak (only symbols?)"
+        )
+    return [s for s in split_sentences(cleaned) if is_speakable(s)]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A validated request: the voice asked for, the sentences and the language spoken."""
+
+    voice: Voice
+    sentences: list[str]
+    language: str | None
+    overrides: dict[str, object]
+    """The request's own synthesis options (applied to whichever voice answers)."""
+    options: SynthesisOptions
+    """The options for `voice`, validated."""
+
+
+class EngineStats:
+    """Synthesis time and audio produced per engine identity, for RTF in health reports."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._seconds: dict[str, float] = {}
+        self._audio: dict[str, float] = {}
+
+    def add(self, identity: str, seconds: float, audio_seconds: float) -> None:
+        with self._lock:
+            self._seconds[identity] = self._seconds.get(identity, 0.0) + seconds
+            self._audio[identity] = self._audio.get(identity, 0.0) + audio_seconds
+
+    def rtf(self) -> dict[str, float]:
+        with self._lock:
+            return {
+                k: round(v / self._audio[k], 4) for k, v in self._seconds.items() if self._audio[k]
+            }
+
+
+class Synthesizer:
+    """Renders text with a voice, through the sentence cache."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        engines: EnginePool,
+        cache: SentenceCache,
+        estimator: CostEstimator | None = None,
+    ) -> None:
+        self._settings = settings
+        self.engines = engines
+        self.cache = cache
+        self.estimator = estimator or CostEstimator()
+        self.stats = EngineStats()
+
+    def _key(self, voice: Voice, sentence: str, options: SynthesisOptions) -> CacheKey:
+        return CacheKey(
+            sentence=sentence,
+            engine=voice.engine.identity,
+            voice=voice.name,
+            speaker=voice.speaker,
+            options=tuple(sorted(options.cache_fields().items())),
+            sample_rate=voice.engine.sample_rate,
+        )
+
+    def options_for(
+        self, voice: Voice, overrides: Mapping[str, object] | None = None
+    ) -> SynthesisOptions:
+        """The voice's options with a request's overrides, validated by the engine's type.
+
+        Raises RequestError('invalid_options') for an unknown option or a value out of range.
+        """
+        fields: dict[str, Any] = {"speed": voice.settings.speed, **voice.settings.options}
+        fields.update(overrides or {})
+        kind: type[SynthesisOptions] = getattr(voice.engine, "options_type", SynthesisOptions)
+        try:
+            return kind(**fields)
+        except TypeError as exc:
+            known = ", ".join(f.name for f in dataclasses.fields(kind))
+            raise RequestError(
+                "invalid_options", f"{voice.engine.name} options are {known}: {exc}"
+            ) from None
+        except ValueError as exc:
+            raise RequestError("invalid_options", str(exc)) from None
+
+    def is_cached(
+        self, voice: Voice, sentence: str, options: SynthesisOptions | None = None
+    ) -> bool:
+        key = self._key(voice, sentence, options or self.options_for(voice))
+        return self.cache.contains(key)
+
+    def uncached_cost_s(
+        self,
+        voice: Voice,
+        sentences: list[str],
+        options: SynthesisOptions | None = None,
+        *,
+        use_cache: bool = True,
+    ) -> float:
+        """Estimated compute for the sentences of this voice that are not cached yet
+        (all of them when the request does not use the cache)."""
+        options = options or self.options_for(voice)
+        chars = sum(
+            len(s) for s in sentences if not (use_cache and self.is_cached(voice, s, options))
+        )
+        return self.estimator.seconds(voice.engine.name, voice.engine.identity, chars)
+
+    def sentence(
+        self,
+        voice: Voice,
+        index: int,
+        text: str,
+        options: SynthesisOptions,
+        use_cache: bool,
+        *,
+        on_part: Callable[[AudioPart], None] | None = None,
+    ) -> SentenceAudio:
+        """One sentence from the cache, or synthesized (and then cached).
+
+        `on_part` sees the audio while it is made: each chunk the engine yields, once the
+        engine yields anything after it or ends, with `last` on the final one; a cached
+        sentence is one part. Every sentence has a last part: an empty one if the engine made
+        no audio, or none after its last piece. With `on_part`, an engine's optional
+        `synthesize_stream` (same arguments and chunks as `synthesize`, but yielding audio
+        while it is generated, each piece followed by an empty chunk when more will follow, so
+        that no piece waits for the next) is used instead of `synthesize`.
+        """
+        key = self._key(voice, text, options)
+        if use_cache:
+            hit = self.cache.get(key)
+            if hit is not None and hit.sample_rate == voice.engine.sample_rate:
+                if on_part is not None:
+                    on_part(AudioPart(0, index, hit.pcm, cached=True, last=True))
+                return SentenceAudio(index, text, hit.pcm, cached=True)
+        try:
+            # Loaded before the clock starts: the cost estimate that routes live requests, and
+            # the RTF statistics, are about synthesis (a first load took 4x a sentence's time).
+            self._ensure_loaded(voice.engine)
+        except BackendFallbackError:
+            voice = self.engines.voice(voice.name)  # now on torch: another cache key
+            return self.sentence(voice, index, text, options, use_cache, on_part=on_part)
+        started = time.perf_counter()
+        # A sentence the engine's text preparation leaves nothing to say in ("[laugh]" for
+        # Piper) is silence.
+        spoken = voice.engine.prepare_text(text)
+        chunks: list[FloatAudio] = []
+        held: FloatAudio | None = None  # the newest piece, until we know whether it is the last
+        sent = 0
+
+        def release(chunk: FloatAudio, last: bool) -> None:
+            nonlocal sent
+            if on_part is not None:
+                on_part(AudioPart(sent, index, audio.to_pcm16(chunk), cached=False, last=last))
+            sent += 1
+
+        # Closed explicitly: a streaming engine holds its lock between chunks, so a failure
+        # here (publishing a part) must end its generation now, on this thread.
+        generation = (
+            self._synthesize(voice, spoken, options, stream=on_part is not None)
+            if is_speakable(spoken)
+            else _no_audio()
+        )
+        try:
+            with contextlib.closing(generation):
+                for chunk in generation:
+                    chunks.append(chunk)
+                    if held is not None:
+                        release(held, last=False)
+                        held = None
+                    if chunk.size:
+                        held = chunk
+        except BackendFallbackError:
+            # The pool moved the voice to torch (at a reload after an idle unload, before any
+            # audio): another engine, so another cache key.
+            voice = self.engines.voice(voice.name)
+            return self.sentence(voice, index, text, options, use_cache, on_part=on_part)
+        release(held if held is not None else np.zeros(0, dtype=np.float32), last=True)
+        elapsed = time.perf_counter() - started
+        pcm = audio.to_pcm16(np.concatenate(chunks)) if chunks else audio.silence(1, 0)
+        self.estimator.observe(voice.engine.name, voice.engine.identity, len(text), elapsed)
+        self.stats.add(voice.engine.identity, elapsed, pcm.size / voice.engine.sample_rate)
+        if pcm.size and use_cache:
+            self.cache.put(key, pcm, voice.engine.tier, voice.engine.identity)
+        return SentenceAudio(index, text, pcm, cached=False)
+
+    def _synthesize(
+        self, voice: Voice, spoken: str, options: SynthesisOptions, *, stream: bool
+    ) -> Generator[FloatAudio, None, None]:
+        """The engine's chunks; whatever goes wrong in the engine as EngineError (an error of
+        the caller's, between chunks, is not the engine's and passes unchanged)."""
+        engine = voice.engine
+        streaming = getattr(engine, "synthesize_stream", None) if stream else None
+        synthesize = streaming or engine.synthesize
+        try:
+            self.engines.ensure_loaded(engine)  # normally a no-op: `sentence` loaded it
+            yield from synthesize(spoken, voice.speaker, options)
+        except EngineError:
+            raise
+        except Exception as exc:  # an engine bug must fail one request, not the bridge
+            _LOGGER.exception("Engine %s failed", voice.engine.identity)
+            raise EngineError(f"{voice.engine.name} failed: {type(exc).__name__}") from exc
+
+    def _ensure_loaded(self, engine: Engine) -> None:
+        """`engines.ensure_loaded`, a failure of the engine's own code as EngineError."""
+        try:
+            self.engines.ensure_loaded(engine)
+        except EngineError:
+            raise
+        except Exception as exc:  # an engine bug must fail one request, not the bridge
+            _LOGGER.exception("Engine %s failed to load", engine.identity)
+            raise EngineError(f"{engine.name} failed to load: {type(exc).__name__}") from exc
+
+    def sentence_parts(self, pieces: Sequence[SentenceAudio], sample_rate: int) -> list[AudioPart]:
+        """Whole sentences as the stream messages `render_plan` would have sent for engines
+        that make each sentence in one chunk (one message per sentence)."""
+        parts: list[AudioPart] = []
+        numbering = StreamNumbering(parts.append, len(pieces), self._pause(sample_rate))
+        for piece in pieces:
+            numbering(AudioPart(0, piece.index, piece.pcm, piece.cached, last=True))
+        return parts
+
+    def _pause(self, sample_rate: int) -> audio.Int16Audio:
+        return audio.silence(sample_rate, self._settings.synthesis.sentence_pause_ms)
+
+    def validate(
+        self,
+        text: str,
+        voice_name: str | None,
+        lang: str | None,
+        options: Mapping[str, object] | None = None,
+    ) -> Plan:
+        """Check a request cheaply (no model): the voice, the text, the language, the options.
+
+        Raises UnknownVoiceError or RequestError.
+        """
+        voice = self.engines.voice(voice_name)
+        sentences = prepare_text(text, self._settings.limits.max_text_chars)
+        spoken = lang or ("zh" if any(map(has_cjk, sentences)) else None)
+        if spoken is not None and spoken not in voice.engine.languages:
+            raise RequestError(
+                "unsupported_language",
+                f"voice {voice.name!r} speaks {', '.join(sorted(voice.engine.languages))}, "
+                f"not {spoken!r}",
+            )
+        return Plan(voice, sentences, spoken, dict(options or {}), self.options_for(voice, options))
+
+    def options_for_plan(self, voice: Voice, plan: Plan) -> SynthesisOptions:
+        """The options `voice` renders `plan` with: the plan's own for its voice; for the fast
+        voice, the request's speed carries over, engine-only options do not."""
+        if voice is plan.voice:
+            return plan.options
+        speed = plan.overrides.get("speed")
+        return self.options_for(voice, {"speed": speed} if speed is not None else None)
+
+    def render(
+        self,
+        text: str,
+        voice_name: str | None = None,
+        use_cache: bool = True,
+        lang: str | None = None,
+        on_sentence: Callable[[SentenceAudio], None] | None = None,
+    ) -> Rendering:
+        """Text to a complete WAV with the named voice (offline use: no tier routing)."""
+        plan = self.validate(text, voice_name, lang)
+        return self.render_plan(plan, plan.voice, use_cache=use_cache, on_sentence=on_sentence)
+
+    def render_plan(
+        self,
+        plan: Plan,
+        voice: Voice,
+        *,
+        tier: str | None = None,
+        use_cache: bool = True,
+        on_sentence: Callable[[SentenceAudio], None] | None = None,
+        on_part: Callable[[AudioPart], None] | None = None,
+        volume: float | None = None,
+    ) -> Rendering:
+        """Render a validated plan with `voice` (the plan's own voice or its fast tier).
+
+        `on_sentence` sees each sentence once it is complete. `on_part` sees the audio as it
+        is made, as the request's stream messages (`StreamNumbering`): one per sentence, or
+        several for an engine that streams within a sentence; joined, they are the rendering's
+        audio (`volume` aside)."""
+        options = self.options_for_plan(voice, plan)
+        sample_rate = voice.engine.sample_rate
+        pause = self._pause(sample_rate)
+        numbering = (
+            StreamNumbering(on_part, len(plan.sentences), pause) if on_part is not None else None
+        )
+        parts: list[audio.Int16Audio] = []
+        cached = 0
+        started = time.perf_counter()
+        for index, sentence in enumerate(plan.sentences):
+            piece = self.sentence(voice, index, sentence, options, use_cache, on_part=numbering)
+            cached += piece.cached
+            if on_sentence is not None:
+                on_sentence(piece)
+            if parts and pause.size:
+                parts.append(pause)
+            parts.append(piece.pcm)
+        pcm = np.concatenate(parts) if parts else audio.silence(sample_rate, 0)
+        if pcm.size == 0:
+            raise RequestError("nothing_speakable", "the voice produced no audio for this text")
+        if volume is not None and volume != 1.0:  # after the cache: it stores full-scale audio
+            pcm = np.asarray(np.round(pcm * volume), dtype="<i2")
+        return Rendering(
+            wav=audio.encode_wav(pcm, sample_rate),
+            sample_rate=sample_rate,
+            duration_ms=audio.duration_ms(pcm.size, sample_rate),
+            voice=voice.name,
+            engine=voice.engine.name,
+            tier=tier or voice.engine.tier,
+            sentences=len(plan.sentences),
+            cached_sentences=cached,
+            synth_seconds=time.perf_counter() - started,
+        )
+
+    def sentences_batch(
+        self, voice: Voice, texts: list[str], options: SynthesisOptions
+    ) -> list[SentenceAudio]:
+        """Several sentences of one voice into the cache, the uncached ones synthesized in one
+        `synthesize_batch` call when the engine is a `BatchEngine` (background work; `index`
+        is the position in `texts`).
+
+        Each is looked up and stored exactly as `sentence` does (same key, same PCM, counted
+        in `stats`). A sentence the engine cannot take in one generation, and every sentence
+        of an engine that does not batch, goes through `sentence` alone, after the batch.
+        ChatTTS seeds a batch as a whole, so a sentence's audio depends on its batch-mates: a
+        valid rendering for its key, not the one `sentence` would have made.
+        The estimator is not taught from a batch: it predicts a live request, which runs alone,
+        and a batch's time per character is several times lower.
+        """
+        engine = voice.engine
+        batching = engine if isinstance(engine, BatchEngine) else None
+        results: dict[int, SentenceAudio] = {}
+        together: list[tuple[int, str]] = []  # (index, the text of its one generation)
+        alone: list[int] = []
+        for index, text in enumerate(texts):
+            hit = self.cache.get(self._key(voice, text, options))
+            if hit is not None and hit.sample_rate == engine.sample_rate:
+                results[index] = SentenceAudio(index, text, hit.pcm, cached=True)
+                continue
+            if batching is None:
+                alone.append(index)
+                continue
+            # Split as the engine's own `synthesize` splits what `sentence` gives it.
+            pieces = batching.generations(batching.prepare_text(text), options)
+            if len(pieces) > 1:
+                alone.append(index)
+            else:
+                together.append((index, pieces[0] if pieces else ""))
+        if together:
+            assert batching is not None
+            self._ensure_loaded(engine)
+            started = time.perf_counter()
+            try:
+                clips = batching.synthesize_batch([p for _, p in together], voice.speaker, options)
+            except EngineError:
+                raise
+            except Exception as exc:  # an engine bug must fail this work, not the bridge
+                _LOGGER.exception("Engine %s failed", engine.identity)
+                raise EngineError(f"{engine.name} failed: {type(exc).__name__}") from exc
+            elapsed = time.perf_counter() - started
+            pcms = [audio.to_pcm16(clip) if clip.size else audio.silence(1, 0) for clip in clips]
+            self.stats.add(engine.identity, elapsed, sum(p.size for p in pcms) / engine.sample_rate)
+            for (index, _), pcm in zip(together, pcms, strict=True):
+                if pcm.size:
+                    key = self._key(voice, texts[index], options)
+                    self.cache.put(key, pcm, engine.tier, engine.identity)
+                results[index] = SentenceAudio(index, texts[index], pcm, cached=False)
+        for index in alone:
+            results[index] = self.sentence(voice, index, texts[index], options, True)
+        return [results[index] for index in range(len(texts))]
+
+
+def _no_audio() -> Generator[FloatAudio, None, None]:
+    """An engine's generation of a text with nothing to say."""
+    yield from ()
