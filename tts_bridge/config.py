@@ -7,7 +7,6 @@ booleans work as expected.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import re
@@ -17,6 +16,8 @@ from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from tts_bridge.engines import catalog
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -182,8 +183,9 @@ class SynthesisSettings(_Section):
 
 
 class VoiceSettings(_Section):
-    engine: Literal["piper", "hibari", "chattts", "chattts-onnx"]
-    """Which engine speaks this voice (chattts-onnx: an export made by `models export`)."""
+    engine: str
+    """Which engine speaks this voice: piper, hibari, chattts, chattts-onnx (an export made by
+    `models export`), or any other registered kind (see engines.catalog)."""
     model: Path | None = None
     """Model file (Piper, hibari) or checkpoint folder (ChatTTS, in ChatTTS's asset layout);
     relative paths are under models.dir; empty = the model bundled with the engine's package."""
@@ -214,34 +216,30 @@ class VoiceSettings(_Section):
     ChatTTS voices may say "auto": the same speaker on the INT8 graphs of the checkpoint's ONNX
     export when there is one, else the voice "heart" (if configured)."""
 
-    @model_validator(mode="after")
-    def _check_backend(self) -> VoiceSettings:
-        if self.backend != "auto" and self.engine != "chattts":
-            raise ValueError(
-                f"backend {self.backend!r} is only for engine chattts (torch or its ONNX export)"
-            )
-        return self
-
-    @model_validator(mode="after")
-    def _check_spk_emb(self) -> VoiceSettings:
-        if self.spk_emb is None:
-            return self
-        if self.engine not in ("chattts", "chattts-onnx"):
-            raise ValueError("spk_emb is only for the chattts engines")
-        from tts_bridge.engines.chattts.torch_engine import SpeakerError, validate_spk_emb
-
-        actual = hashlib.sha256(self.spk_emb.encode()).hexdigest()
-        if self.spk_emb_sha256 is None:
-            raise ValueError(f"spk_emb_sha256 is missing (the spk_emb's SHA-256 is {actual})")
-        if actual != self.spk_emb_sha256.lower():
-            raise ValueError(
-                f"spk_emb does not match spk_emb_sha256 (expected {self.spk_emb_sha256}, "
-                f"actual {actual}): the embedding was changed"
-            )
+    @field_validator("engine")
+    @classmethod
+    def _check_engine(cls, kind: str) -> str:
         try:
-            validate_spk_emb(self.spk_emb)
-        except SpeakerError as exc:
-            raise ValueError(f"spk_emb is malformed: {exc}") from exc
+            catalog.spec(kind)
+        except catalog.UnknownEngineError as exc:
+            raise ValueError(str(exc)) from None
+        return kind
+
+    @model_validator(mode="after")
+    def _check_engine_keys(self) -> VoiceSettings:
+        """Keys only some engines take (backend, spk_emb) are refused for the others; then the
+        engine checks the voice its own way (ChatTTS: the speaker embedding)."""
+        spec = catalog.spec(self.engine)
+        for key, value, unset in (
+            ("backend", self.backend, "auto"),
+            ("spk_emb", self.spk_emb, None),
+        ):
+            if value != unset and key not in spec.voice_keys:
+                takers = [k for k in catalog.kinds() if key in catalog.spec(k).voice_keys]
+                shown = f" {value!r}" if key == "backend" else ""
+                raise ValueError(f"{key}{shown} is only for engine {' or '.join(takers)}")
+        if spec.check_voice is not None:
+            spec.check_voice(self)
         return self
 
 
@@ -363,7 +361,7 @@ class Settings(_Section):
         for name, voice in self.voices.items():
             if voice.fast_voice is None:
                 continue
-            if voice.fast_voice == AUTO_FAST_VOICE and voice.engine == "chattts":
+            if voice.fast_voice == AUTO_FAST_VOICE and catalog.spec(voice.engine).auto_fast_voice:
                 continue  # resolved by the engine pool (see VoiceSettings.fast_voice)
             if voice.fast_voice not in self.voices:
                 raise ValueError(f"voices.{name}.fast_voice: {voice.fast_voice!r} is not a voice")

@@ -30,8 +30,9 @@ from tts_bridge.cli.main import main
 from tts_bridge.config import ConfigError, Settings, load_settings
 from tts_bridge.engines.base import EngineError
 from tts_bridge.engines.chattts.onnx_engine import MANIFEST_FILE, ChatTTSOnnxEngine
+from tts_bridge.engines.chattts.pool import find_chattts_exports
 from tts_bridge.engines.chattts.torch_engine import ChatTTSOptions
-from tts_bridge.engines.registry import EnginePool, find_chattts_exports, manifest_hashes
+from tts_bridge.engines.registry import EnginePool, manifest_hashes
 from tts_bridge.speech.cache import SentenceCache
 from tts_bridge.speech.hardware import Hardware, plan_threads
 from tts_bridge.speech.synthesis import Synthesizer
@@ -128,7 +129,7 @@ def test_pool_serves_a_chattts_voice_with_the_fp32_export(library: Path, tmp_pat
     pool = EnginePool(settings)
     voice = pool.voice("xiaoyu")
     assert isinstance(voice.engine, ChatTTSOnnxEngine)
-    assert (voice.backend, voice.engine.name, voice.engine.tier) == (
+    assert (voice.backend, voice.engine.name, voice.tier) == (
         "onnx",
         "chattts-onnx",
         "quality",
@@ -339,7 +340,7 @@ def test_int8_variant_becomes_the_voices_fast_tier(quantized: Path, tmp_path: Pa
     assert quality.settings.fast_voice == "xiaoyu_int8"
     assert isinstance(fast.engine, ChatTTSOnnxEngine)
     assert isinstance(quality.engine, ChatTTSOnnxEngine)
-    assert (fast.engine.precision, fast.engine.tier, quality.engine.precision) == (
+    assert (fast.engine.precision, fast.tier, quality.engine.precision) == (
         "int8",
         "fast",
         "fp32",

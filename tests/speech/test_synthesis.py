@@ -15,9 +15,9 @@ import soundfile
 
 from tests.support.harness import threads_started_niced
 from tts_bridge.config import Settings, load_settings
+from tts_bridge.engines import catalog
 from tts_bridge.engines.registry import EnginePool, UnknownVoiceError
 from tts_bridge.speech.cache import SentenceCache
-from tts_bridge.speech.routing import SEED_SECONDS_PER_CHAR
 from tts_bridge.speech.synthesis import RequestError, Synthesizer
 
 
@@ -155,7 +155,7 @@ def test_cost_estimate_and_rtf_leave_the_model_load_out(tmp_path: Path) -> None:
     assert load > 0.01
     assert synthesis + load <= wall + 0.01, (synthesis, load, wall)
     # And the estimate learned exactly that time per character.
-    seed = SEED_SECONDS_PER_CHAR["piper"]
+    seed = catalog.spec("piper").seed_seconds_per_char
     learned = synth.estimator.snapshot()[engine.identity]
     assert learned == pytest.approx(0.8 * seed + 0.2 * synthesis / len(text), rel=0.05)
     synth.cache.close()

@@ -375,28 +375,13 @@ def _size_text(size: int) -> str:
 # -- voices ------------------------------------------------------------------------------------
 
 
-def _model_path(settings: Settings, name: str) -> Path | None:
-    """The voice's model file as the engine registry resolves it; None if not one file."""
-    voice = settings.voices[name]
-    if voice.model is not None:
-        return voice.model if voice.model.is_absolute() else settings.models.dir / voice.model
-    if voice.engine == "piper":
-        from tts_bridge.engines import piper
-
-        return piper.bundled_model()
-    if voice.engine == "hibari":
-        from tts_bridge.engines import hibari
-
-        return hibari.bundled_model()
-    return None
-
-
 def check_voice(settings: Settings, name: str, threads: int) -> tuple[CheckResult, Voice | None]:
     """The voice's model file is present and hashed and its engine accepts it (no model load).
 
     Returns the voice for the timing check, or None when it cannot be built.
     """
     from tts_bridge.engines.base import EngineError
+    from tts_bridge.engines.catalog import model_path
     from tts_bridge.engines.registry import EnginePool
 
     label = f"voice {name}"
@@ -405,7 +390,7 @@ def check_voice(settings: Settings, name: str, threads: int) -> tuple[CheckResul
         update={"voices": {name: settings.voices[name]}, "default_voice": name}
     )
     try:
-        model = _model_path(settings, name)
+        model = model_path(settings.voices[name], settings.models.dir)
         voice = EnginePool(alone, threads=threads).voice(name)
         size = model.stat().st_size if model is not None else None
     except (EngineError, OSError) as exc:
@@ -418,7 +403,7 @@ def check_voice(settings: Settings, name: str, threads: int) -> tuple[CheckResul
         where = model.name if settings.voices[name].model is None else str(model)
         model_text = f"model {where} ({size / _MIB:.1f} MB), "
     detail = (
-        f"{engine.name}, {engine.tier} tier, {'/'.join(sorted(engine.languages))}, "
+        f"{engine.name}, {voice.tier} tier, {'/'.join(sorted(engine.languages))}, "
         f"{engine.sample_rate} Hz{default}; {model_text}identity {engine.identity}"
     )
     return CheckResult(label, Status.PASS, detail), voice

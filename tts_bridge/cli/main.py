@@ -154,7 +154,7 @@ def cmd_voices(args: argparse.Namespace, settings: Settings) -> int:
         mark = "*" if voice.name == settings.default_voice else " "
         print(
             f"{mark} {voice.name:<12} {voice.engine.name:<12} {voice.backend or '-':<5} "
-            f"{voice.engine.tier:<8} {','.join(sorted(voice.engine.languages)):<6} "
+            f"{voice.tier:<8} {','.join(sorted(voice.engine.languages)):<6} "
             f"{voice.engine.sample_rate:>6} Hz  {voice.engine.identity}"
         )
         if voice.backend_note:  # ChatTTS voices: why torch or the ONNX export

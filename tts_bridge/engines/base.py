@@ -78,9 +78,7 @@ class Engine(Protocol):
     """What the bridge needs from a speech backend."""
 
     name: str
-    """Engine kind, e.g. 'piper'."""
-    tier: Tier
-    """The tier this engine serves by default."""
+    """Engine kind, e.g. 'piper' (see catalog.EngineSpec; the tier is the voice's)."""
     languages: frozenset[str]
     """Language codes this engine speaks (e.g. {'en'})."""
 

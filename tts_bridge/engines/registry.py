@@ -1,6 +1,9 @@
 """Voices to engines: one engine per model file, loaded lazily, shared by its voices, unloaded
 when idle or when another model needs the memory.
 
+How a voice's engine is built is its kind's declaration (``catalog``); a kind whose voices are
+more than one engine builds them itself (ChatTTS's backends: ``engines/chattts/pool.py``).
+
 Memory: before a model loads, its need is estimated (the last measured resident size, else the
 size of its files times a factor); least recently used engines are unloaded until it fits the
 budget, and a model that cannot fit even alone is refused with a clear error rather than
@@ -23,12 +26,15 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import psutil
 
-from tts_bridge.config import AUTO_FAST_VOICE, FALLBACK_FAST_VOICE, Settings, VoiceSettings
-from tts_bridge.engines.base import Engine, EngineError
+from tts_bridge.config import Settings, VoiceSettings
+from tts_bridge.engines import catalog
+from tts_bridge.engines.base import Engine, EngineError, Tier
+from tts_bridge.engines.catalog import EngineContext
 from tts_bridge.manifests import FileHasher
 from tts_bridge.speech.hardware import OnnxSessionPlan
 
 if TYPE_CHECKING:
+    from tts_bridge.engines.catalog import VoiceFactory
     from tts_bridge.speech.hardware import ThreadPlan
 
 _LOGGER = logging.getLogger(__name__)
@@ -36,7 +42,6 @@ _LOGGER = logging.getLogger(__name__)
 # Resident memory per byte of model file before a measurement exists (onnxruntime and torch
 # keep roughly one copy of the weights plus their runtime; measured 3-4x for Piper and hibari).
 _FILE_TO_RSS = 4.0
-_RUNTIME_MB = {"piper": 60, "hibari": 150, "chattts": 900}  # runtime import, measured RSS
 
 
 class UnknownVoiceError(LookupError):
@@ -48,10 +53,11 @@ class MemoryBudgetError(EngineError):
 
 
 class BackendFallbackError(EngineError):
-    """A ChatTTS voice's ONNX backend failed to load and the pool switched the voice to torch.
+    """A voice's engine failed to load and the pool rebuilt the voice on another (a ChatTTS
+    voice with ``backend: auto`` moves from its ONNX export to torch; see ``add_fallback``).
 
     The voice's engine, and with it every cache key, changed: look the voice up again
-    (``pool.voice(name)``) and start over with the key. Raised only for ``backend: auto``.
+    (``pool.voice(name)``) and start over with the key.
     """
 
 
@@ -66,35 +72,24 @@ class Voice:
     engine: Engine
     speaker: str | None
     settings: VoiceSettings
+    tier: Tier
+    """The tier it reports: its settings' tier, else its engine kind's (see catalog)."""
     backend: Backend | None = None
     """ChatTTS voices (``engine: chattts``): the backend serving it now; None for the others."""
     backend_note: str = ""
     """Why that backend: auto's choice, or the reason of a fallback to torch."""
 
 
-@dataclass(frozen=True)
-class OnnxExport:
-    """A ChatTTS ONNX export found in models.dir or the user manifest."""
-
-    folder: Path
-    name: str
-    """Its model name in the user manifest, else its folder name."""
-    recorded: bool
-    """Recorded in the user manifest (``models export`` does that)."""
-    source: Mapping[str, str]
-    """Relative path -> SHA-256 of the torch checkpoint files it was exported from."""
-    has_int8: bool = False
-    """It has INT8 graphs too (`models quantize`)."""
-
-
 @dataclass
 class _Fallback:
-    """The auto-selected ONNX engine of some ChatTTS voices and how to put them on torch."""
+    """Voices to rebuild on another engine if one engine fails to load (see add_fallback)."""
 
+    instead: str
+    """What they then run on, as errors and logs name it ("torch")."""
     voices: dict[str, Callable[[str], Voice]] = field(default_factory=dict)
-    """Voice name -> builds that voice on torch (given the reason)."""
+    """Voice name -> builds that voice on the other engine (given the reason)."""
     failed: str | None = None
-    """Why the ONNX engine failed to load, once it has."""
+    """Why the engine failed to load, once it has."""
 
 
 def _files_mb(path: Path) -> float:
@@ -121,112 +116,6 @@ def manifest_hashes(path: Path, models_dir: Path) -> dict[str, str] | None:
         return hashes
     rel = str(path.resolve().relative_to(root))
     return {rel: hashes[rel]} if rel in hashes else None
-
-
-def find_chattts_exports(models_dir: Path) -> list[OnnxExport]:
-    """ChatTTS ONNX exports with FP32 graphs: the folders of the user manifest's models and the
-    folders directly under ``models_dir`` whose manifest.json is a chattts-onnx one. Recorded
-    exports come first, then by name."""
-    from tts_bridge.engines.chattts.onnx_engine import MANIFEST_FILE, precision_files, read_manifest
-    from tts_bridge.manifests import ManifestError, user_manifests
-
-    candidates: dict[Path, tuple[str, bool]] = {}
-    try:
-        for name, manifest in sorted(user_manifests(models_dir).items()):
-            try:
-                candidates.setdefault(manifest.folder(models_dir).resolve(), (name, True))
-            except ManifestError:
-                continue
-    except ManifestError as exc:
-        _LOGGER.warning("Looking for ChatTTS ONNX exports: %s", exc)
-    if models_dir.is_dir():
-        for child in sorted(models_dir.iterdir()):
-            if child.is_dir() and (child / MANIFEST_FILE).is_file():
-                candidates.setdefault(child.resolve(), (child.name, False))
-    exports = []
-    for folder, (name, recorded) in candidates.items():
-        if not (folder / MANIFEST_FILE).is_file():
-            continue
-        try:
-            data = read_manifest(folder)
-            precision_files(data, "fp32")
-        except EngineError as exc:
-            _LOGGER.debug("Not a usable ChatTTS ONNX export: %s", exc)
-            continue
-        source = (data.get("source") or {}).get("sha256")
-        if not isinstance(source, dict):
-            continue
-        hashes = {str(rel): str(digest).lower() for rel, digest in source.items()}
-        int8 = "int8" in data["variants"]
-        exports.append(OnnxExport(folder, name, recorded, hashes, int8))
-    exports.sort(key=lambda e: (not e.recorded, e.name))
-    return exports
-
-
-def export_matches(source: Mapping[str, str], expected: Mapping[str, str]) -> bool:
-    """True when an export's ``source.sha256`` is exactly the checkpoint the pool trusts: every
-    file ChatTTS loads (and the speaker statistics, where either side has them) with equal
-    hashes."""
-    from tts_bridge.engines.chattts.torch_engine import CHECKPOINT_FILES, SPK_STAT_FILE
-
-    keys = {*CHECKPOINT_FILES, *source}
-    if SPK_STAT_FILE in expected:
-        keys.add(SPK_STAT_FILE)
-    return all(
-        rel in source and rel in expected and source[rel].lower() == expected[rel].lower()
-        for rel in keys
-    )
-
-
-def _build_engine(
-    kind: str,
-    model: Path | None,
-    hasher: FileHasher,
-    session: OnnxSessionPlan,
-    expected: Callable[[Path], Mapping[str, str] | None],
-    *,
-    precision: Literal["int8", "fp32"] = "int8",
-    on_loader: Callable[[Callable[[], Any]], Any] | None = None,
-) -> tuple[Engine, Path]:
-    # Piper and hibari build their sessions themselves from a thread count (intra-op); only
-    # the ChatTTS ONNX engine takes spinning and the arena. Every session is sequential.
-    threads = session.intra_op_threads
-    if kind == "piper":
-        from tts_bridge.engines import piper
-
-        path = model or piper.bundled_model()
-        return piper.PiperEngine(path, hasher.sha256(path), threads), path
-    if kind == "hibari":
-        from tts_bridge.engines import hibari
-
-        path = model or hibari.bundled_model()
-        return hibari.HibariEngine(path, hasher.sha256(path), threads), path
-    if kind == "chattts":
-        from tts_bridge.engines.chattts.torch_engine import ChatTTSEngine
-
-        if model is None:
-            raise EngineError("a chattts voice needs 'model': the checkpoint folder")
-        engine = ChatTTSEngine(
-            model, expected_sha256=expected(model), threads=threads, hasher=hasher.sha256
-        )
-        return engine, model
-    if kind == "chattts-onnx":
-        from tts_bridge.engines.chattts.onnx_engine import ChatTTSOnnxEngine
-
-        if model is None:
-            raise EngineError("a chattts-onnx voice needs 'model': the export folder")
-        onnx_engine = ChatTTSOnnxEngine(
-            model,
-            precision=precision,
-            expected_sha256=expected(model),
-            threads=threads,
-            arena=session.arena,
-            spinning=session.spinning,
-            hasher=hasher.sha256,
-            on_loader=on_loader,
-        )
-        return onnx_engine, model
-    raise EngineError(f"unknown engine {kind!r}")
 
 
 class EnginePool:
@@ -271,7 +160,7 @@ class EnginePool:
             )
         self._models_dir = settings.models.dir
         self._known: dict[Path, Mapping[str, str] | None] = {}
-        self._exports: list[OnnxExport] | None = None
+        self._factories: dict[str, VoiceFactory] = {}
         self._fallbacks: dict[int, _Fallback] = {}
         self._unverified: dict[str, str] = {}
         self._loader = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="model-load")
@@ -286,158 +175,80 @@ class EnginePool:
                 model = settings.models.dir / model
             if model is not None and not model.exists():
                 raise EngineError(f"voices.{name}.model: {model} does not exist")
-            if voice.engine == "chattts":
-                chosen, fast = self._chattts_voice(name, voice, model)
-                self._voices[name] = chosen
-                if fast is not None:  # its INT8 tier, listed after it
-                    self._voices[fast.name] = fast
-                _LOGGER.info(
-                    "Voice %s: ChatTTS on %s (%s)", name, chosen.backend, chosen.backend_note
-                )
-            else:
-                engine = self._engine(voice.engine, model, voice.precision, voice.tier)
-                speaker = voice.spk_emb if voice.engine == "chattts-onnx" else voice.speaker
-                self._voices[name] = Voice(name, engine, speaker, voice)
+            for built in self._build_voices(name, voice, model):
+                self._voices[built.name] = built
         _LOGGER.debug("Voices: %s", ", ".join(f"{v.name}={v.engine.identity}" for v in self))
         _LOGGER.debug("ONNX sessions: %s", self.session.describe())
 
-    def _expected(self, path: Path) -> Mapping[str, str] | None:
+    @property
+    def settings(self) -> Settings:
+        return self._settings
+
+    @property
+    def models_dir(self) -> Path:
+        return self._models_dir
+
+    def expected(self, path: Path) -> Mapping[str, str] | None:
+        """Expected SHA-256 per file of the model at ``path`` from the model manifests."""
         # Looked up once per model path: each lookup reads every manifest file.
         if path not in self._known:
             self._known[path] = manifest_hashes(path, self._models_dir)
         return self._known[path]
 
-    def _engine(
+    def _build_voices(self, name: str, voice: VoiceSettings, model: Path | None) -> list[Voice]:
+        """The voices of one configured voice: its kind's own factory's, else one voice."""
+        spec = catalog.spec(voice.engine)
+        if spec.voices is not None:
+            factory = self._factories.get(spec.kind)
+            if factory is None:
+                factory = self._factories[spec.kind] = spec.voices(self)
+            return factory(name, voice, model)
+        engine = self.engine(spec.kind, model, voice.precision)
+        return [Voice(name, engine, spec.speaker(voice), voice, voice.tier or spec.tier)]
+
+    def engine(
         self,
         kind: str,
         model: Path | None,
         precision: Literal["int8", "fp32"],
-        tier: Literal["quality", "fast"] | None,
         *,
         variant: str = "",
     ) -> Engine:
-        """The shared engine for this model (built on first use; nothing is loaded)."""
+        """The shared engine of this kind for this model (built on first use; nothing is
+        loaded). ``model`` None: the kind's bundled model. ``variant`` keeps engines of the
+        same model apart that are used differently."""
         key = (kind, f"{model or ''}:{precision}{variant}")
         with self._lock:
             engine = self._engines.get(key)
             if engine is not None:
                 return engine
-            engine, path = _build_engine(
-                kind,
-                model,
-                self._hasher,
-                self.session,
-                self._expected,
-                precision=precision,
-                on_loader=self.on_loader,
+            spec = catalog.spec(kind)
+            path = model
+            if path is None:
+                if spec.bundled_model is None:
+                    raise EngineError(f"a {kind} voice needs 'model': {spec.model_hint}")
+                path = spec.bundled_model()
+            expected = self.expected(path)
+            context = EngineContext(
+                path, precision, expected, self._hasher.sha256, self.session, self.on_loader
             )
-            if tier is not None:
-                engine.tier = tier
+            engine = spec.build(context)
             self._engines[key] = engine
             self._files_mb[engine.identity] = _files_mb(path)
-            if not kind.startswith("chattts"):  # ChatTTS checks its own files
-                problem = self._check_manifest(path, self._expected(path))
+            if spec.check_files is not None:
+                problem = spec.check_files(path, expected, self._hasher.sha256)
                 if problem:
                     self._unverified[engine.identity] = problem
-            elif kind == "chattts" and (
-                self._expected(path) is None and (path / "asset" / "spk_stat.json").exists()
-            ):
-                # Not the official release (it has no spk_stat.json) and never added: say
-                # so, rather than let it fail against the official hashes.
-                self._unverified[engine.identity] = (
-                    f"ChatTTS checkpoint {path} is not in the model manifest; trust it with "
-                    f"'tts-bridge models add NAME {path}'"
-                )
             return engine
 
-    def _chattts_voice(
-        self, name: str, voice: VoiceSettings, model: Path | None
-    ) -> tuple[Voice, Voice | None]:
-        """A ChatTTS voice on the backend its settings ask for (see VoiceSettings.backend)."""
-
-        resolved = voice
-        if voice.fast_voice == AUTO_FAST_VOICE:
-            # Resolved below to the INT8 tier when the export has one; this is the fallback.
-            known = FALLBACK_FAST_VOICE in self._settings.voices
-            otherwise = FALLBACK_FAST_VOICE if known else None
-            resolved = voice.model_copy(update={"fast_voice": otherwise})
-
-        on_torch_settings = resolved  # a fallback to torch has no INT8 tier of the export
-
-        def on_torch(note: str) -> Voice:
-            engine = self._engine("chattts", model, voice.precision, voice.tier)
-            return Voice(name, engine, voice.spk_emb, on_torch_settings, "torch", note)
-
-        if voice.backend == "torch" or model is None:
-            # No model: _build_engine refuses it with the reason.
-            return on_torch("set by the voice (backend: torch)"), None
-        export, why = self._find_export(model)
-        if export is None:
-            if voice.backend == "onnx":
-                raise EngineError(
-                    f"voices.{name}.backend: onnx needs an ONNX export of {model}, and {why}; "
-                    f"run: tts-bridge models export chattts --from {model} "
-                    f"--to {self._models_dir / (model.name + '-onnx')}"
-                )
-            return on_torch(f"auto: {why}"), None
-        engine = self._engine(
-            "chattts-onnx", export.folder, "fp32", voice.tier or "quality", variant=":backend"
-        )
-        note = f"{voice.backend}: FP32 graphs of the ONNX export {export.name} ({export.folder})"
-        if voice.backend == "auto":
-            fallback = self._fallbacks.setdefault(id(engine), _Fallback())
-            fallback.voices[name] = on_torch
-        fast = self._int8_fast_voice(name, voice, export)
-        if fast is not None:
-            resolved = voice.model_copy(update={"fast_voice": fast.name})
-            note += f"; fast tier {fast.name} (INT8 graphs, same speaker)"
-        return Voice(name, engine, voice.spk_emb, resolved, "onnx", note), fast
-
-    def _int8_fast_voice(self, name: str, voice: VoiceSettings, export: OnnxExport) -> Voice | None:
-        """The same speaker on the export's INT8 graphs, as the fast tier of a ChatTTS voice
-        that has none configured: under load the voice keeps its timbre instead of switching to
-        another engine's speaker, and its sentences are re-rendered in FP32 at idle."""
-        fast_name = f"{name}_int8"
-        if voice.fast_voice not in (None, AUTO_FAST_VOICE) or fast_name in self._settings.voices:
-            return None
-        if not export.has_int8:
-            return None
-        settings = VoiceSettings(
-            engine="chattts-onnx",
-            model=export.folder,
-            precision="int8",
-            tier="fast",
-            spk_emb=voice.spk_emb,
-            spk_emb_sha256=voice.spk_emb_sha256,
-            options=dict(voice.options),
-            speed=voice.speed,
-            description=f"{name} on the INT8 graphs of {export.name} (its fast tier)",
-        )
-        engine = self._engine("chattts-onnx", export.folder, "int8", "fast")
-        return Voice(
-            fast_name, engine, voice.spk_emb, settings, "onnx", f"fast tier of {name} (INT8)"
-        )
-
-    def _find_export(self, model: Path) -> tuple[OnnxExport | None, str]:
-        """The ONNX export of the checkpoint in ``model``, or None and why there is none."""
-        expected = self._expected(model)
-        if expected is None:
-            from tts_bridge.engines.chattts.torch_engine import official_sha256
-
-            try:
-                expected = official_sha256()  # what ChatTTSEngine checks without a manifest
-            except EngineError:
-                return None, (
-                    f"the checkpoint {model} is not in the model manifest, so no export can be "
-                    f"matched to it (trust it with 'tts-bridge models add NAME {model}')"
-                )
-        if self._exports is None:
-            self._exports = find_chattts_exports(self._models_dir)
-        for export in self._exports:
-            if export.folder != model.resolve() and export_matches(export.source, expected):
-                return export, ""
-        others = f"; {len(self._exports)} of other checkpoints" if self._exports else ""
-        return None, f"no ONNX export of this checkpoint in {self._models_dir}{others}"
+    def add_fallback(
+        self, engine: Engine, voice: str, rebuild: Callable[[str], Voice], *, instead: str
+    ) -> None:
+        """If ``engine`` fails to load, replace voice ``voice`` by ``rebuild(reason)``, which
+        runs on ``instead`` (as errors and logs name it), and raise BackendFallbackError."""
+        with self._lock:
+            fallback = self._fallbacks.setdefault(id(engine), _Fallback(instead))
+            fallback.voices[voice] = rebuild
 
     def __iter__(self) -> Iterator[Voice]:
         return iter(list(self._voices.values()))
@@ -477,21 +288,9 @@ class EnginePool:
         measured = self._resident_mb.get(engine.identity)
         if measured:
             return measured
-        runtime = _RUNTIME_MB.get(engine.name, 100)
+        spec = catalog.find(engine.name)
+        runtime = spec.runtime_mb if spec is not None else 100.0
         return self._files_mb.get(engine.identity, 0.0) * _FILE_TO_RSS + runtime
-
-    def _check_manifest(self, path: Path, expected: Mapping[str, str] | None) -> str | None:
-        """Why `path` may not load (not in a manifest, or a different hash); None if fine."""
-        if not expected:
-            return (
-                f"model file {path} is not in the model manifest; trust it with "
-                f"'tts-bridge models add NAME {path}'"
-            )
-        (want,) = expected.values()
-        actual = self._hasher.sha256(path)
-        if actual != want.lower():
-            return f"model file {path} was changed: expected sha256 {want}, actual {actual}"
-        return None
 
     def on_loader(self, make: Callable[[], Any]) -> Any:
         """``make()`` run on the loader thread (normal priority, see ``ensure_loaded``)."""
@@ -558,19 +357,21 @@ class EnginePool:
             )
 
     def _fall_back(self, engine: Engine, fallback: _Fallback, exc: Exception) -> None:
-        """Put the voices of a failed auto-selected ONNX engine on torch; always raises."""
+        """Rebuild the voices of a failed engine on their fallback; always raises."""
         reason = str(exc) if isinstance(exc, EngineError) else f"{type(exc).__name__}: {exc}"
         names = ", ".join(sorted(fallback.voices))
         fallback.failed = (
-            f"{engine.identity} failed to load, voice(s) {names} now use torch: {reason}"
+            f"{engine.identity} failed to load, voice(s) {names} now use {fallback.instead}: "
+            f"{reason}"
         )
-        for name, on_torch in fallback.voices.items():
-            self._voices[name] = on_torch(f"auto: torch, the ONNX export failed to load: {reason}")
+        for name, rebuild in fallback.voices.items():
+            self._voices[name] = rebuild(reason)
         _LOGGER.error(
-            "ChatTTS ONNX backend %s failed to load (%s); voice(s) %s fall back to torch",
+            "%s failed to load (%s); voice(s) %s fall back to %s",
             engine.identity,
             reason,
             names,
+            fallback.instead,
         )
         if self.on_change is not None:
             try:

@@ -206,7 +206,7 @@ class Bridge:
                 v.name: {
                     "engine": v.engine.name,
                     "backend": v.backend,
-                    "tier": v.engine.tier,
+                    "tier": v.tier,
                     "fast_voice": v.settings.fast_voice,
                     "languages": sorted(v.engine.languages),
                     "sample_rate": v.engine.sample_rate,

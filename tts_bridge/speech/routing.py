@@ -1,8 +1,8 @@
 """Tier routing: estimate when the quality tier would finish a live request and pick a tier.
 
 Costs are seconds of compute per character of text, learned per engine from real runs (an
-exponentially weighted mean) and seeded with figures measured by `tts-bridge bench` on a 2-core
-x86_64 machine, so the first request already routes sensibly.
+exponentially weighted mean) and seeded with each engine kind's declared figure
+(``EngineSpec.seed_seconds_per_char``), so the first request already routes sensibly.
 """
 
 from __future__ import annotations
@@ -12,25 +12,25 @@ import threading
 from dataclasses import dataclass
 from typing import Literal
 
+from tts_bridge.engines import catalog
 from tts_bridge.engines.base import Tier
 from tts_bridge.engines.registry import Voice
 
 _LOGGER = logging.getLogger(__name__)
 
-# Seconds of compute per character, from `tts-bridge bench` here (Piper joe: median sentence of
-# 47 characters in 124 ms; hibari: 22 ms). ChatTTS on torch FP32 runs at RTF ~4 (issue figures).
-SEED_SECONDS_PER_CHAR: dict[str, float] = {
-    "piper": 0.0026,
-    "hibari": 0.0005,
-    "chattts": 0.27,
-    "chattts-onnx": 0.06,
-}
 DEFAULT_SECONDS_PER_CHAR = 0.01
+"""The seed of an engine whose kind is not registered."""
 _ALPHA = 0.2  # weight of the newest observation in the running mean
 
 Reason = Literal[
     "forced", "cached", "within_budget", "over_budget", "no_fast_voice", "language", "hysteresis"
 ]
+
+
+def seed_seconds_per_char(engine_name: str) -> float | None:
+    """The declared cost of an engine kind before any measurement; None if it is unknown."""
+    spec = catalog.find(engine_name)
+    return spec.seed_seconds_per_char if spec is not None else None
 
 
 class CostEstimator:
@@ -45,7 +45,9 @@ class CostEstimator:
         with self._lock:
             rate = self._per_char.get(identity)
         if rate is None:
-            rate = SEED_SECONDS_PER_CHAR.get(engine_name, DEFAULT_SECONDS_PER_CHAR)
+            rate = seed_seconds_per_char(engine_name)
+        if rate is None:
+            rate = DEFAULT_SECONDS_PER_CHAR
         return rate * chars
 
     def observe(self, engine_name: str, identity: str, chars: int, seconds: float) -> None:
@@ -55,7 +57,9 @@ class CostEstimator:
         with self._lock:
             old = self._per_char.get(identity)
             if old is None:
-                old = SEED_SECONDS_PER_CHAR.get(engine_name, observed)
+                old = seed_seconds_per_char(engine_name)
+            if old is None:
+                old = observed
             self._per_char[identity] = (1 - _ALPHA) * old + _ALPHA * observed
             self._samples[identity] = self._samples.get(identity, 0) + 1
 

@@ -19,6 +19,7 @@ import numpy as np
 
 from tts_bridge import audio
 from tts_bridge.config import Settings
+from tts_bridge.engines import catalog
 from tts_bridge.engines.base import (
     BatchEngine,
     Engine,
@@ -200,7 +201,7 @@ class Synthesizer:
         """
         fields: dict[str, Any] = {"speed": voice.settings.speed, **voice.settings.options}
         fields.update(overrides or {})
-        kind: type[SynthesisOptions] = getattr(voice.engine, "options_type", SynthesisOptions)
+        kind = catalog.spec(voice.engine.name).options
         try:
             return kind(**fields)
         except TypeError as exc:
@@ -308,7 +309,7 @@ class Synthesizer:
         self.estimator.observe(voice.engine.name, voice.engine.identity, len(text), elapsed)
         self.stats.add(voice.engine.identity, elapsed, pcm.size / voice.engine.sample_rate)
         if pcm.size and use_cache:
-            self.cache.put(key, pcm, voice.engine.tier, voice.engine.identity)
+            self.cache.put(key, pcm, voice.tier, voice.engine.identity)
         return SentenceAudio(index, text, pcm, cached=False)
 
     def _synthesize(
@@ -437,7 +438,7 @@ class Synthesizer:
             duration_ms=audio.duration_ms(pcm.size, sample_rate),
             voice=voice.name,
             engine=voice.engine.name,
-            tier=tier or voice.engine.tier,
+            tier=tier or voice.tier,
             sentences=len(plan.sentences),
             cached_sentences=cached,
             synth_seconds=time.perf_counter() - started,
@@ -494,7 +495,7 @@ class Synthesizer:
             for (index, _), pcm in zip(together, pcms, strict=True):
                 if pcm.size:
                     key = self._key(voice, texts[index], options)
-                    self.cache.put(key, pcm, engine.tier, engine.identity)
+                    self.cache.put(key, pcm, voice.tier, engine.identity)
                 results[index] = SentenceAudio(index, texts[index], pcm, cached=False)
         for index in alone:
             results[index] = self.sentence(voice, index, texts[index], options, True)
