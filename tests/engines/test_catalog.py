@@ -1,0 +1,227 @@
+"""The engine catalog: one declaration per kind, read by the config, the pool, routing, doctor.
+
+A kind registered here, in the test, goes the whole way a built-in one does: the configuration
+accepts it, the pool builds and verifies its model, the synthesizer speaks and caches with it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tts_bridge.cli.doctor import Status, check_voice
+from tts_bridge.config import ConfigError, Settings, load_settings
+from tts_bridge.engines import catalog
+from tts_bridge.engines.base import EngineError, FloatAudio, SynthesisOptions
+from tts_bridge.engines.catalog import EngineContext, EngineSpec
+from tts_bridge.engines.registry import EnginePool
+from tts_bridge.manifests import add_model
+from tts_bridge.speech.cache import SentenceCache
+from tts_bridge.speech.routing import CostEstimator
+from tts_bridge.speech.synthesis import RequestError, Synthesizer
+
+RATE = 8000
+
+
+@dataclass(frozen=True)
+class ToneOptions(SynthesisOptions):
+    octave: int = 0
+    """Up this many octaves."""
+
+
+class ToneEngine:
+    """Speaks every sentence as a beep whose pitch (Hz) the model file holds."""
+
+    name = "tone"
+    languages = frozenset({"en"})
+
+    def __init__(self, model: Path, sha256: str, threads: int) -> None:
+        self.model = model
+        self.threads = threads
+        self._sha256 = sha256
+        self._hz: float | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def sample_rate(self) -> int:
+        return RATE
+
+    @property
+    def identity(self) -> str:
+        return f"tone:{self.model.stem}:{self._sha256[:16]}"
+
+    @property
+    def loaded(self) -> bool:
+        return self._hz is not None
+
+    def load(self) -> None:
+        with self._lock:
+            self._hz = float(self.model.read_text(encoding="utf-8"))
+
+    @staticmethod
+    def prepare_text(text: str) -> str:
+        return text
+
+    def synthesize(
+        self, text: str, speaker: str | None, options: SynthesisOptions
+    ) -> Iterator[FloatAudio]:
+        assert self._hz is not None and isinstance(options, ToneOptions)
+        seconds = 0.05 * len(text) / options.speed
+        t = np.arange(int(RATE * seconds), dtype=np.float32) / RATE
+        yield (0.5 * np.sin(2 * np.pi * self._hz * 2**options.octave * t)).astype(np.float32)
+
+    def unload(self) -> None:
+        with self._lock:
+            self._hz = None
+
+
+def _build(context: EngineContext) -> ToneEngine:
+    return ToneEngine(
+        context.model, context.sha256(context.model), context.session.intra_op_threads
+    )
+
+
+@pytest.fixture
+def bundled(tmp_path: Path) -> Path:
+    path = tmp_path / "bundled" / "a440.tone"
+    path.parent.mkdir()
+    path.write_text("440", encoding="utf-8")
+    return path
+
+
+@pytest.fixture
+def tone(bundled: Path) -> Iterator[EngineSpec]:
+    spec = catalog.register(
+        EngineSpec(
+            kind="tone",
+            build=_build,
+            tier="fast",
+            seed_seconds_per_char=0.125,
+            languages=frozenset({"en"}),
+            bundled_model=lambda: bundled,
+            options=ToneOptions,
+        )
+    )
+    yield spec
+    catalog.unregister("tone")
+
+
+def _settings(tmp_path: Path, voices: dict[str, object]) -> Settings:
+    return load_settings(
+        None,
+        {
+            "models": {"dir": str(tmp_path / "models")},
+            "cache": {"dir": str(tmp_path / "cache")},
+            "voices": voices,
+            "default_voice": next(iter(voices)),
+            "voices_file": str(tmp_path / "voices.yaml"),
+        },
+        environ={},
+    )
+
+
+def test_unknown_engine_lists_the_known_kinds(tmp_path: Path) -> None:
+    with pytest.raises(catalog.UnknownEngineError) as caught:
+        catalog.spec("espeak")
+    assert (
+        str(caught.value) == "unknown engine 'espeak'; known: chattts, chattts-onnx, hibari, piper"
+    )
+    with pytest.raises(
+        ConfigError, match=r"voices\.x\.engine: .*unknown engine 'espeak'; known: ch"
+    ):
+        _settings(tmp_path, {"x": {"engine": "espeak"}})
+
+
+def test_builtin_kinds_are_declared() -> None:
+    assert catalog.kinds() == ["chattts", "chattts-onnx", "hibari", "piper"]
+    tiers = {kind: catalog.spec(kind).tier for kind in catalog.kinds()}
+    assert tiers == {
+        "chattts": "quality",
+        "chattts-onnx": "fast",
+        "hibari": "fast",
+        "piper": "quality",
+    }
+    # Only the engines that ship a model have one to fall back to.
+    assert [k for k in catalog.kinds() if catalog.spec(k).bundled_model] == ["hibari", "piper"]
+
+
+def test_a_kind_is_registered_once(tone: EngineSpec) -> None:
+    assert catalog.register(tone) is tone  # the same declaration again: a no-op
+    with pytest.raises(ValueError, match="'tone' is registered twice"):
+        catalog.register(EngineSpec("tone", _build, "quality", 0.1, None))
+
+
+def test_a_registered_kind_is_configured_built_and_spoken(
+    tone: EngineSpec, bundled: Path, tmp_path: Path
+) -> None:
+    settings = _settings(
+        tmp_path,
+        {"beep": {"engine": "tone"}, "loud": {"engine": "tone", "tier": "quality"}},
+    )
+    pool = EnginePool(settings, threads=3)
+    beep, loud = pool.voice("beep"), pool.voice("loud")
+    engine = beep.engine
+    assert isinstance(engine, ToneEngine)
+    assert (engine.model, engine.threads) == (bundled, 3)  # the bundled model, the pool's plan
+    assert loud.engine is engine  # one engine per model, shared by its voices
+    assert (beep.tier, loud.tier) == ("fast", "quality")  # each voice reports its own tier
+    # Its declared seed cost routes the first request.
+    assert CostEstimator().seconds("tone", engine.identity, 8) == 1.0
+    # Its model file goes through the same manifest check as Piper's.
+    with pytest.raises(EngineError, match="not in the model manifest"):
+        pool.ensure_loaded(engine)
+    add_model("a440", bundled, settings.models.dir)
+    pool = EnginePool(settings)
+    synth = Synthesizer(settings, pool, SentenceCache(settings.cache))
+    try:
+        rendering = synth.render("Beep beep.", "beep")
+        assert (rendering.engine, rendering.tier, rendering.sample_rate) == ("tone", "fast", RATE)
+        assert rendering.duration_ms == pytest.approx(500, abs=5)
+        assert synth.render("Beep beep.", "beep").cached
+        # Its options are the declared type: its own field is taken, others refused.
+        higher = synth.options_for(pool.voice("beep"), {"octave": 1})
+        assert isinstance(higher, ToneOptions) and higher.octave == 1
+        with pytest.raises(RequestError, match="tone options are speed, octave"):
+            synth.options_for(pool.voice("beep"), {"temperature": 0.5})
+    finally:
+        synth.cache.close()
+
+
+def test_engine_specific_voice_keys_are_refused_for_other_kinds(
+    tone: EngineSpec, tmp_path: Path
+) -> None:
+    with pytest.raises(
+        ConfigError, match=r"voices\.x: .*backend 'torch' is only for engine chattts"
+    ):
+        _settings(tmp_path, {"x": {"engine": "tone", "backend": "torch"}})
+    with pytest.raises(ConfigError, match=r"spk_emb is only for engine chattts or chattts-onnx"):
+        _settings(tmp_path, {"x": {"engine": "tone", "spk_emb": "x", "spk_emb_sha256": "0"}})
+    with pytest.raises(ConfigError, match=r"voices\.x\.fast_voice: 'auto' is not a voice"):
+        _settings(tmp_path, {"x": {"engine": "tone", "fast_voice": "auto"}})
+
+
+def test_a_kind_without_a_bundled_model_needs_one(tmp_path: Path) -> None:
+    settings = _settings(tmp_path, {"x": {"engine": "chattts-onnx"}})
+    with pytest.raises(EngineError, match="a chattts-onnx voice needs 'model': the export folder"):
+        EnginePool(settings)
+
+
+def test_doctor_checks_a_registered_kind(tone: EngineSpec, tmp_path: Path) -> None:
+    settings = _settings(
+        tmp_path, {"beep": {"engine": "tone"}, "named": {"engine": "tone", "model": "x.tone"}}
+    )
+    result, voice = check_voice(settings, "beep", threads=1)
+    assert result.status is Status.PASS and voice is not None
+    assert result.detail.startswith("tone, fast tier, en, 8000 Hz (default); model a440.tone")
+    # A model the voice names is looked for under models.dir, as the pool does.
+    assert catalog.model_path(settings.voices["named"], settings.models.dir) == (
+        settings.models.dir / "x.tone"
+    )
+    missing, none = check_voice(settings, "named", threads=1)
+    assert (missing.status, none) == (Status.FAIL, None)
+    assert f"{settings.models.dir / 'x.tone'} does not exist" in missing.detail
