@@ -11,8 +11,7 @@ Four cases -- torch FP32, torch dynamic INT8 (``quantize_dynamic`` on the GPT's 
 ONNX FP32, ONNX INT8 -- at each batch size, each in its own child process, one after another (so
 each peak RSS is the process's own and no two cases share the cores). The ONNX children never
 import torch (``tts_bridge.bench.onnx_backends``; every row records whether torch got imported).
-Each
-child loads through the bridge's engine (``ChatTTSEngine`` / ``ChatTTSOnnxEngine``: hash
+Each child loads through the bridge's engine (``ChatTTSEngine`` / ``ChatTTSOnnxEngine``: hash
 verification, the engine's own loader), then:
 
 * runs the code loop for exactly ``tokens`` codes per text (EOS is blocked until then:
@@ -26,7 +25,8 @@ verification, the engine's own loader), then:
 
 With ``rounds`` > 1 the rounds are interleaved (every case once, then again) since the machine's
 load varies; each figure is the best of the rounds (fastest time, highest throughput) except
-memory, which is the highest. The issue's targets are printed next to the figures.
+memory, which is the highest. The targets the ONNX tier was built to meet are printed next to
+the figures.
 """
 
 from __future__ import annotations
@@ -58,16 +58,18 @@ from tts_bridge.bench.util import (
     time_first_chunk,
 )
 from tts_bridge.bench.util import table as _table
+from tts_bridge.engines.chattts.common import (
+    SAMPLE_RATE,
+    SAMPLES_PER_TOKEN,
+    TOKENS_PER_SECOND,
+    expected_seconds,
+)
+from tts_bridge.engines.chattts.speaker import SPK_STAT_FORMAT
 from tts_bridge.engines.chattts.torch_engine import (
     NUM_AUDIO_TOKENS,
     NUM_VQ,
-    SAMPLE_RATE,
-    SAMPLES_PER_TOKEN,
     SPK_STAT_FILE,
-    SPK_STAT_FORMAT,
-    TOKENS_PER_SECOND,
     _release_freed_heap,
-    expected_seconds,
     read_checkpoint,
 )
 from tts_bridge.manifests import add_model, expected_hashes
@@ -408,7 +410,8 @@ def result_row(
 def measure_torch(spec: dict[str, Any]) -> dict[str, Any]:
     """torch FP32 or INT8: load through ChatTTSEngine, time the loop, decoding, first audio."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from tts_bridge.engines.chattts.torch_engine import ChatTTSEngine, ChatTTSOptions
+    from tts_bridge.engines.chattts.common import ChatTTSOptions
+    from tts_bridge.engines.chattts.torch_engine import ChatTTSEngine
 
     precision = spec["case"].removeprefix("torch-")
     if precision not in PRECISIONS:
@@ -672,8 +675,8 @@ def file_sizes(checkpoint: Path, export: Path, cases: Sequence[str]) -> list[dic
             if case == "torch-int8":
                 note += "; the GPT is quantized in memory at load"
         else:
-            from tts_bridge.engines.chattts.onnx_engine import (
-                ChatTTSOnnxEngine,
+            from tts_bridge.engines.chattts.onnx_engine import ChatTTSOnnxEngine
+            from tts_bridge.engines.chattts.onnx_format import (
                 external_data_path,
                 precision_files,
                 read_manifest,
@@ -697,7 +700,7 @@ def file_sizes(checkpoint: Path, export: Path, cases: Sequence[str]) -> list[dic
 
 
 def _onnx_ready(export: Path, cases: Sequence[str]) -> bool:
-    from tts_bridge.engines.chattts.onnx_engine import MANIFEST_FILE, read_manifest
+    from tts_bridge.engines.chattts.onnx_format import MANIFEST_FILE, read_manifest
 
     if not (export / MANIFEST_FILE).is_file():
         return False
@@ -842,7 +845,7 @@ def format_report(report: dict[str, Any]) -> str:
     ]
     lines.append(_table(sizes, ["case", "files MB", "GPT MB", "what"]))
     full_size = report["note"] == NOTE
-    lines += ["", "targets (issue 4)" + (":" if full_size else ", set for the full-size model:")]
+    lines += ["", "targets" + (":" if full_size else ", set for the full-size model:")]
     lines.append(_table(report["targets"], ["target", "figure", "result"]))
     rows = report["results"]
     busiest = max(max(r["loadavg_start"], r["loadavg_end"]) for r in rows)
@@ -869,7 +872,7 @@ def _child_main(argv: list[str]) -> int:
             result = {"built": True, "build_s": round(time.perf_counter() - started, 1)}
         result["official_sections"] = official_sections(checkpoint)
     elif argv[:1] == ["export"] and len(argv) == 3:
-        from tts_bridge.engines.chattts.onnx_engine import MANIFEST_FILE, read_manifest
+        from tts_bridge.engines.chattts.onnx_format import MANIFEST_FILE, read_manifest
         from tts_bridge.engines.chattts.quantize import quantize_onnx
 
         checkpoint, export = Path(argv[1]), Path(argv[2])

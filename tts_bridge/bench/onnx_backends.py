@@ -49,12 +49,9 @@ def measure_onnx(spec: dict[str, Any]) -> dict[str, Any]:
     importlib.import_module("onnxruntime")
     importlib.import_module("tokenizers")
     import_s = time.perf_counter() - started
-    from tts_bridge.engines.chattts.onnx_engine import (
-        ChatTTSOnnxEngine,
-        SamplingParams,
-        code_prompt,
-    )
-    from tts_bridge.engines.chattts.torch_engine import ChatTTSOptions
+    from tts_bridge.engines.chattts.common import ChatTTSOptions
+    from tts_bridge.engines.chattts.onnx_engine import ChatTTSOnnxEngine
+    from tts_bridge.engines.chattts.onnx_model import SamplingParams, code_prompt
 
     engine = ChatTTSOnnxEngine(
         Path(spec["export"]),
@@ -129,12 +126,11 @@ def onnx_fixed_codes(codes: int) -> Iterator[None]:
     in the module; both are replaced while this is active.
     """
     from tts_bridge.engines.chattts import onnx_engine
-
-    original = onnx_engine.SamplingParams
+    from tts_bridge.engines.chattts.onnx_model import SamplingParams
 
     def fixed(*args: Any, **kwargs: Any) -> Any:
         kwargs["min_new_token"] = kwargs["max_new_token"] = codes
-        return original(*args, **kwargs)
+        return SamplingParams(*args, **kwargs)
 
     with (
         patched(onnx_engine, "max_new_tokens", lambda _seconds: codes),

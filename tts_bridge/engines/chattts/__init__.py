@@ -1,5 +1,11 @@
-"""ChatTTS, one family: shared code, the torch engine, the ONNX engine and its runtime, the
-refine pass, and the one-off export and quantization (torch and onnx imported inside).
+"""ChatTTS, one family, one module a job (torch and onnxruntime imported only inside engines):
+
+``common`` what both engines share (options, text chunking, file checks, the engine base),
+``speaker`` spk_emb strings and speaker statistics, ``torch_engine`` ChatTTS itself on torch,
+``onnx_format`` the ONNX export's files and manifest, ``onnx_model`` its sessions, code loop,
+sampler and KV cache, ``onnx_stream`` the ISTFT and streaming decoders, ``onnx_engine`` the
+torch-free engine, ``refine`` the refine pass on ONNX, and the one-off ``export`` and
+``quantize``.
 
 Importing the family registers its two engine kinds: ``chattts`` (a checkpoint, on torch or on
 the FP32 graphs of its ONNX export, see ``pool``) and ``chattts-onnx`` (an export itself).
@@ -33,7 +39,7 @@ def _check_speaker(voice: VoiceSettings) -> None:
     character would silently be another voice."""
     if voice.spk_emb is None:
         return
-    from tts_bridge.engines.chattts.common import SpeakerError, validate_spk_emb
+    from tts_bridge.engines.chattts.speaker import SpeakerError, validate_spk_emb
 
     actual = hashlib.sha256(voice.spk_emb.encode()).hexdigest()
     if voice.spk_emb_sha256 is None:

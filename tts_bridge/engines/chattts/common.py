@@ -1,9 +1,9 @@
 """What the torch and ONNX ChatTTS engines share; no torch, no onnxruntime.
 
-``ChatTTSEngine`` (``chattts_torch``) and ``ChatTTSOnnxEngine`` (``chattts_onnx``) run the same
-model: the same options, speaker embeddings, text chunking and model-file checks, all here, with
-the engine code they have in common (``ChatTTSEngineBase``). ``chattts_torch`` re-exports the
-public names under their old module.
+``ChatTTSEngine`` (``torch_engine``) and ``ChatTTSOnnxEngine`` (``onnx_engine``) run the same
+model, so a voice must sound alike and cache alike on both: the same options (and cache
+fields), text chunking, speaker statistics and model-file checks live here, with the engine
+code they have in common (``ChatTTSEngineBase``). Speakers themselves are ``speaker``'s job.
 
 A test asserts the ONNX engine never imports torch: nothing here may import torch or
 onnxruntime, not even lazily.
@@ -14,9 +14,7 @@ from __future__ import annotations
 import abc
 import functools
 import hashlib
-import importlib
 import json
-import lzma
 import math
 import re
 import threading
@@ -25,12 +23,32 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, ClassVar, Generic, TypeVar
 
-import numpy as np
-import numpy.typing as npt
-
 from tts_bridge.engines.base import EngineError, SynthesisOptions, Tier
+from tts_bridge.engines.chattts.speaker import (
+    SPK_STAT_FORMAT,
+    SpeakerStats,
+    sample_spk_emb,
+    validate_spk_emb,
+)
 from tts_bridge.manifests import sha256_file
 from tts_bridge.text.sentences import is_speakable, split_sentences
+
+__all__ = [
+    "MAX_CHUNK_SECONDS",
+    "MAX_GENERATION_SECONDS",
+    "SAMPLES_PER_TOKEN",
+    "SAMPLE_RATE",
+    "TOKENS_PER_SECOND",
+    "ChatTTSEngineBase",
+    "ChatTTSOptions",
+    "expected_seconds",
+    "max_new_tokens",
+    "read_json",
+    "read_spk_stat_file",
+    "spell_out",
+    "split_for_generation",
+    "strip_control_tags",
+]
 
 SAMPLE_RATE = 24_000
 SAMPLES_PER_TOKEN = 512
@@ -40,14 +58,6 @@ MAX_CHUNK_SECONDS = 25.0
 """Longest expected audio per generation: ChatTTS degrades past about 30 s."""
 MAX_GENERATION_SECONDS = 30.0
 """Hard cap on one generation (max_new_token), whatever the estimate said."""
-DEFAULT_SPEAKER_SEED = 0
-"""The voice used when a request names no speaker: stable across sentences and restarts."""
-SPK_STAT_FORMAT = "chattts-spk-stat"
-"""The ``format`` of a checkpoint's speaker statistics file (``asset/spk_stat.json``)."""
-
-# ChatTTS compresses speaker embeddings with exactly these settings (ChatTTS/model/speaker.py).
-_LZMA_FILTERS = [{"id": lzma.FILTER_LZMA2, "preset": 9 | lzma.PRESET_EXTREME}]
-_MAX_SPK_EMB_CHARS = 65_536
 
 # Bracketed control tokens a request may carry through to ChatTTS; any other tag (speaker,
 # speed or sequence markers such as [spk_emb], [speed_9], [Ptts]) could hijack the prompt.
@@ -157,117 +167,6 @@ class ChatTTSOptions(SynthesisOptions):
             "refine_prompt": self.refine_prompt,
             "seed": self.seed,
         }
-
-
-# -- speaker embeddings ---------------------------------------------------------------------------
-
-
-class SpeakerError(EngineError, ValueError):
-    """A malformed spk_emb string. A ValueError too, so config validators report it as such."""
-
-
-@dataclass(frozen=True)
-class SpeakerStats:
-    """Per-dimension std and mean of a checkpoint's speaker embeddings (float16, like ChatTTS)."""
-
-    std: npt.NDArray[np.float16]
-    mean: npt.NDArray[np.float16]
-
-    @property
-    def hidden_size(self) -> int:
-        return int(self.std.size)
-
-    @classmethod
-    def decode(cls, encoded: str, hidden_size: int, source: str) -> SpeakerStats:
-        """Decode ChatTTS's spk_stat string: base16384 of float16 [std..., mean...]."""
-        b14 = _pybase16384()
-        values = np.frombuffer(b14.decode_from_string(encoded), dtype=np.float16)
-        if values.size != 2 * hidden_size:
-            raise EngineError(
-                f"{source}: speaker statistics hold {values.size} values, "
-                f"need {2 * hidden_size} (std and mean of hidden size {hidden_size})"
-            )
-        std, mean = values[:hidden_size].copy(), values[hidden_size:].copy()
-        if not (np.isfinite(values).all() and (std > 0).all()):
-            raise EngineError(f"{source}: speaker statistics must be finite with std > 0")
-        return cls(std=std, mean=mean)
-
-    def encode(self) -> str:
-        """The spk_stat string ``decode`` reads (ChatTTS's Config.spk_stat)."""
-        b14 = _pybase16384()
-        data = np.concatenate([self.std, self.mean]).astype(np.float16).tobytes()
-        encoded: str = b14.encode_to_string(data)
-        return encoded
-
-
-def encode_spk_emb(embedding: npt.NDArray[np.float16]) -> str:
-    """Encode a speaker embedding exactly as ChatTTS's Speaker._encode does."""
-    b14 = _pybase16384()
-    data = np.ascontiguousarray(embedding, dtype=np.float16).tobytes()
-    packed = lzma.compress(data, format=lzma.FORMAT_RAW, filters=_LZMA_FILTERS)
-    encoded: str = b14.encode_to_string(packed)
-    return encoded
-
-
-def decode_spk_emb(spk_emb: str, hidden_size: int | None = None) -> npt.NDArray[np.float16]:
-    """Decode a spk_emb string as ChatTTS does (base16384, raw LZMA2, float16); see validate."""
-    if not isinstance(spk_emb, str) or not spk_emb.strip():
-        raise SpeakerError("spk_emb is empty")
-    if len(spk_emb) > _MAX_SPK_EMB_CHARS:
-        raise SpeakerError(f"spk_emb is {len(spk_emb)} characters long; that is no speaker")
-    b14 = _pybase16384()
-    try:
-        packed = b14.decode_from_string(spk_emb.strip())
-    except (ValueError, TypeError) as exc:
-        raise SpeakerError(f"spk_emb is not base16384 text: {exc}") from exc
-    # Bounded: a crafted string must not inflate to gigabytes.
-    limit = 2 * hidden_size + 1 if hidden_size is not None else _MAX_SPK_EMB_CHARS * 4
-    decompressor = lzma.LZMADecompressor(format=lzma.FORMAT_RAW, filters=_LZMA_FILTERS)
-    try:
-        data = decompressor.decompress(packed, max_length=limit)
-    except lzma.LZMAError as exc:
-        raise SpeakerError(f"spk_emb does not decompress ({exc}); it is damaged") from exc
-    if len(data) % 2 or not data:
-        raise SpeakerError(f"spk_emb decodes to {len(data)} bytes, not float16 values")
-    return np.frombuffer(data, dtype=np.float16).copy()
-
-
-def validate_spk_emb(spk_emb: str, hidden_size: int | None = None) -> None:
-    """Reject a malformed spk_emb string cheaply (no torch); raises SpeakerError.
-
-    ``hidden_size`` (the GPT hidden size, 768 for the official model) is checked when known.
-    A one-character change can still decode to a valid, different voice; the voices file keeps
-    a hash beside each embedding for that.
-    """
-    values = decode_spk_emb(spk_emb, hidden_size)
-    if hidden_size is not None and values.size != hidden_size:
-        raise SpeakerError(f"spk_emb has {values.size} values, this checkpoint needs {hidden_size}")
-    if not np.isfinite(values).all():
-        raise SpeakerError("spk_emb contains NaN or infinite values")
-    if not values.any():
-        raise SpeakerError("spk_emb is all zeros")
-
-
-def sample_spk_emb(stats: SpeakerStats, seed: int) -> str:
-    """A deterministic speaker for ``seed``: N(0, 1) x std + mean, as ChatTTS samples them.
-
-    numpy's seeded generator is used rather than torch's, so a voice can be made without torch
-    and the global torch RNG is never touched.
-    """
-    rng = np.random.default_rng(seed)
-    normal = rng.standard_normal(stats.hidden_size, dtype=np.float32)
-    embedding = normal * stats.std.astype(np.float32) + stats.mean.astype(np.float32)
-    return encode_spk_emb(embedding.astype(np.float16))
-
-
-def _pybase16384() -> Any:
-    try:
-        # An untyped C extension; importlib keeps mypy from asking for stubs it has none of.
-        return importlib.import_module("pybase16384")
-    except ImportError as exc:
-        raise EngineError(
-            "ChatTTS speaker embeddings need the 'chattts' extra (pybase16384 is missing)"
-        ) from exc
 
 
 # -- text chunking ------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """Export a ChatTTS checkpoint to ONNX graphs that onnxruntime runs without torch.
 
-What is written to ``dest`` (the layout ``tts_bridge.engines.chattts.onnx_engine`` loads)::
+What is written to ``dest`` (the layout ``onnx_format`` names and ``onnx_engine`` loads)::
 
     gpt.onnx              one GPT step: embeddings + KV cache in, code logits + hidden + cache out
                           (each graph's weights sit beside it in "<graph>.onnx.data")
@@ -34,15 +34,15 @@ Design choices:
   last few steps) in; ``present_key_i``/``present_value_i`` = recent + this step's keys/values
   out. The attention scores against both parts are concatenated (a few numbers per position),
   not the keys and values. With one cache tensor the in-graph concatenation copies the whole
-  cache every step: 12 % of an INT8 batch-1 step and 30 % at batch 4 after 150 steps
-  (profile), and it grows with length (near the 30 s limit the copy rivals the weights). In
-  runs of 100-150 steps the two-part graph was 10 % faster at batch 1, even at batch 4. The engine
-  folds ``present`` into ``past`` every few dozen steps. Batch, sequence, past and recent
+  cache every step, a share of the step that grows with the batch and the length (near the
+  30 s limit the copy rivals the weights); the two-part graph was faster at batch 1 and no
+  slower at batch 4 (the README has the profile). The engine folds ``present`` into ``past``
+  every few dozen steps. Batch, sequence, past and recent
   lengths are dynamic, so one graph does the prefill (both parts empty) and every decode step.
 * **Heads at the last position only.** ChatTTS reads the logits and hidden state of the last
   position; computing four 626-way heads for every prompt token would be wasted work. The text
-  head (21178-way at full size, 8 % of a step) is a separate graph for the same reason: the
-  audio loop never needs it.
+  head (one logit per text token, a noticeable share of a step) is a separate graph for the
+  same reason: the audio loop never needs it.
 * **Streaming step graphs with explicit caches.** The decoder and Vocos are stacks of
   non-causal, zero-padded convolutions. ``decoder_stream.onnx`` and ``vocos_stream.onnx``
   restate them (``DecoderStream``, ``VocosStream``, on the checkpoint's own modules) so frames
@@ -76,7 +76,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from tts_bridge.engines.base import EngineError
-from tts_bridge.engines.chattts.onnx_engine import (
+from tts_bridge.engines.chattts.common import SAMPLE_RATE
+from tts_bridge.engines.chattts.onnx_format import (
     CONFIG_FILE,
     DECODER_FILE,
     DECODER_STREAM_FILE,
@@ -97,12 +98,11 @@ from tts_bridge.engines.chattts.onnx_engine import (
     external_data_path,
     write_manifest,
 )
+from tts_bridge.engines.chattts.speaker import SPK_STAT_FORMAT
 from tts_bridge.engines.chattts.torch_engine import (
     CHECKPOINT_FILES,
     HOP_LENGTH,
-    SAMPLE_RATE,
     SPK_STAT_FILE,
-    SPK_STAT_FORMAT,
     CheckpointDims,
     chattts_config,
     read_checkpoint,
@@ -234,8 +234,8 @@ def _build_gpt_step_class() -> type[Any]:
             super().__init__()
             attn, mlp = prefix + "self_attn.", prefix + "mlp."
             self.input_norm = _RMSNorm(state[prefix + "input_layernorm.weight"], eps)
-            # Separate q/k/v (and gate/up) matrices: one fused matrix each was 12 % faster at
-            # batch 4 but 7 % slower at batch 1, the case a live request waits for.
+            # Separate q/k/v (and gate/up) matrices: one fused matrix each was faster at batch 4
+            # but slower at batch 1, the case a live request waits for.
             self.q = linear(attn + "q_proj.weight")
             self.k = linear(attn + "k_proj.weight")
             self.v = linear(attn + "v_proj.weight")
@@ -687,8 +687,8 @@ def _onnx_export(
         dynamo=False,
     )
     # Weights go to "<graph>.data" beside the graph: onnxruntime maps external data instead of
-    # parsing it out of one big protobuf, which kept the INT8 engine's peak RSS 170 MB higher
-    # (578 vs 409 MB for the three graphs at full size).
+    # parsing it out of one big protobuf, which kept a second copy of the weights in the
+    # engine's peak RSS.
     onnx = importlib.import_module("onnx")
     model = onnx.load(str(path))
     if metadata:

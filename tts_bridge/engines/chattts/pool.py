@@ -41,7 +41,7 @@ def find_chattts_exports(models_dir: Path) -> list[OnnxExport]:
     """ChatTTS ONNX exports with FP32 graphs: the folders of the user manifest's models and the
     folders directly under ``models_dir`` whose manifest.json is a chattts-onnx one. Recorded
     exports come first, then by name."""
-    from tts_bridge.engines.chattts.onnx_engine import MANIFEST_FILE, precision_files, read_manifest
+    from tts_bridge.engines.chattts.onnx_format import MANIFEST_FILE, precision_files, read_manifest
     from tts_bridge.manifests import ManifestError, user_manifests
 
     candidates: dict[Path, tuple[str, bool]] = {}

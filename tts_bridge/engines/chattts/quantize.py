@@ -3,23 +3,21 @@
 Dynamic quantization stores MatMul weights as 8-bit integers and quantizes activations per call;
 it needs no calibration data, which we could not have without the real weights anyway.
 
-Choices, measured with the full-size architecture (random weights, 2 threads; see the report of
-issue 4 and ``python -m tts_bridge.bench.onnx_backends``):
+Choices, measured on the full-size architecture with random weights (``python -m
+tts_bridge.bench.onnx_backends``; the figures are in the README):
 
 * **Weight type by CPU.** onnxruntime multiplies u8 activations by s8 (QInt8) weights. On x86
   CPUs with VNNI (``avx512_vnni``/``avx_vnni``) that is one exact instruction, and QInt8 was the
-  fastest choice (Xeon with AVX512-VNNI: batch 1 68 vs 57 tokens/s, batch 4 196 vs 137 for
-  QUInt8; logit error equal, 0.02). Without VNNI (AVX2 only, e.g. AMD Zen 2/3) the u8 x s8
+  faster choice at equal logit error. Without VNNI (AVX2 only, e.g. AMD Zen 2/3) the u8 x s8
   path goes through ``vpmaddubsw``, whose 16-bit sums saturate: QInt8 logits were badly off
-  (relative error 0.36) and slower (76 vs 91 tokens/s), so QUInt8 is used there, and on
-  anything that is not x86. ``weight_type="auto"`` (the default) decides by the CPU that
-  quantizes; the engine warns when a QInt8 model is loaded on a CPU without VNNI.
-* **Per tensor, no reduce_range.** Per-channel scales cut the logit error by a tenth (0.017 vs
-  0.019) and were no faster; reduce_range (7-bit weights, the other cure for saturation) raised
-  the error by half (0.029 vs 0.019) for no measurable speed on VNNI.
-* **The decoder and Vocos stay FP32.** Together they take about 1 ms per GPT token (200 tokens:
-  decoder 124 ms, Vocos 74 ms); INT8 saved at most 15 ms of that and put its error straight
-  into the waveform.
+  and slower, so QUInt8 is used there, and on anything that is not x86.
+  ``weight_type="auto"`` (the default) decides by the CPU that quantizes; the engine warns when
+  a QInt8 model is loaded on a CPU without VNNI.
+* **Per tensor, no reduce_range.** Per-channel scales cut the logit error only slightly and
+  were no faster; reduce_range (7-bit weights, the other cure for saturation) raised the error
+  for no measurable speed on VNNI.
+* **The decoder and Vocos stay FP32.** They are a small part of a token's time; INT8 saved
+  little of it and put its error straight into the waveform.
 * **MatMul only.** onnxruntime's dynamic ConvInteger path is slower than its FP32 convolutions.
 """
 
@@ -32,7 +30,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from tts_bridge.engines.base import EngineError
-from tts_bridge.engines.chattts.onnx_engine import (
+from tts_bridge.engines.chattts.onnx_format import (
     COMMON_FILES,
     GRAPHS,
     HEAD_TEXT_FILE,

@@ -52,16 +52,26 @@ import numpy.typing as npt
 
 from tts_bridge.engines.base import EngineError, check_interrupt
 from tts_bridge.engines.chattts.common import ChatTTSOptions
-from tts_bridge.engines.chattts.onnx_engine import (
-    EMB_TEXT_FILE,
-    HEAD_TEXT_FILE,
-    TOKENIZER_DIR,
+from tts_bridge.engines.chattts.onnx_format import EMB_TEXT_FILE, HEAD_TEXT_FILE, TOKENIZER_DIR
+from tts_bridge.engines.chattts.onnx_model import (
     ChatTTSOnnxModel,
     CodeSampler,
     SamplingParams,
     session_options,
 )
 from tts_bridge.textlog import short
+
+__all__ = [
+    "EOS_TOKEN",
+    "FIRST_DROPPED_TOKEN",
+    "MAX_NEW_TOKEN",
+    "RefineParams",
+    "TextRefiner",
+    "clean_up_tokenization",
+    "engine_params",
+    "refine_budget",
+    "text_prompt",
+]
 
 _LOGGER = logging.getLogger(__name__)
 

@@ -7,10 +7,10 @@ checkpoint against the expected hashes the caller passes (the project's model ma
 own files, so a fine-tune, the official weights and the tests' tiny random checkpoint all load
 through the same code.
 
-Nothing here imports torch at module level: ``import tts_bridge.engines.chattts.torch_engine`` stays
-cheap, and the helpers that only look at strings and file headers (``read_checkpoint`` here;
-``validate_spk_emb``, ``split_for_generation`` and the rest of ``chattts_base``, re-exported
-here) work without torch.
+Nothing here imports torch at module level: importing this module stays cheap, and the helpers
+that only look at file headers (``read_checkpoint``, ``safetensors_shapes``, ``official_sha256``)
+work without torch, so the model registry and ``tts-bridge doctor`` can check a checkpoint on an
+install without the ``chattts`` extra.
 """
 
 from __future__ import annotations
@@ -39,67 +39,37 @@ from tts_bridge.engines.base import (
     interrupt_requested,
 )
 from tts_bridge.engines.chattts.common import (
-    DEFAULT_SPEAKER_SEED,
-    MAX_CHUNK_SECONDS,
-    MAX_GENERATION_SECONDS,
     SAMPLE_RATE,
-    SAMPLES_PER_TOKEN,
-    SPK_STAT_FORMAT,
-    TOKENS_PER_SECOND,
     ChatTTSEngineBase,
     ChatTTSOptions,
-    SpeakerError,
-    SpeakerStats,
-    decode_spk_emb,
-    encode_spk_emb,
     expected_seconds,
     max_new_tokens,
     read_json,
     read_spk_stat_file,
+)
+from tts_bridge.engines.chattts.speaker import (
+    DEFAULT_SPEAKER_SEED,
+    SpeakerStats,
     sample_spk_emb,
-    spell_out,
-    split_for_generation,
-    strip_control_tags,
     validate_spk_emb,
 )
 from tts_bridge.manifests import sha256_file
 from tts_bridge.textlog import short
 
-# The torch-free names that moved to chattts_base are still imported from here.
 __all__ = [
     "CHECKPOINT_FILES",
-    "DEFAULT_SPEAKER_SEED",
     "HOP_LENGTH",
-    "MAX_CHUNK_SECONDS",
-    "MAX_GENERATION_SECONDS",
     "NUM_AUDIO_TOKENS",
     "NUM_VQ",
     "N_MELS",
-    "SAMPLES_PER_TOKEN",
-    "SAMPLE_RATE",
     "SPK_STAT_FILE",
-    "SPK_STAT_FORMAT",
-    "TOKENS_PER_SECOND",
     "ChatTTSEngine",
-    "ChatTTSOptions",
     "CheckpointDims",
     "ConvStackDims",
-    "SpeakerError",
-    "SpeakerStats",
     "chattts_config",
-    "decode_spk_emb",
-    "encode_spk_emb",
-    "expected_seconds",
-    "max_new_tokens",
     "official_sha256",
     "read_checkpoint",
-    "read_spk_stat_file",
     "safetensors_shapes",
-    "sample_spk_emb",
-    "spell_out",
-    "split_for_generation",
-    "strip_control_tags",
-    "validate_spk_emb",
 ]
 
 _LOGGER = logging.getLogger(__name__)
