@@ -11,7 +11,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import importlib.metadata
-import importlib.util
 import json
 import shutil
 import tracemalloc
@@ -36,7 +35,6 @@ from tts_bridge.manifests import (
     verify_file,
 )
 
-HAS_CHATTTS = importlib.util.find_spec("ChatTTS") is not None
 MiB = 1 << 20
 
 
@@ -304,15 +302,6 @@ def test_hashing_never_reads_a_whole_file_into_memory(tmp_path: Path, models_dir
 
 
 # -- ChatTTS checkpoints ------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if not HAS_CHATTTS:
-        pytest.skip("the 'chattts' extra (torch, chattts) is not installed")
-    from tests.support.chattts_tiny import make_tiny_checkpoint
-
-    return make_tiny_checkpoint(tmp_path_factory.mktemp("chattts") / "tiny", seed=0)
 
 
 def test_tampered_chattts_checkpoint_is_reported(

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.support.chattts_tiny import make_tiny_checkpoint
 from tts_bridge.bench import chattts as bench_chattts
 from tts_bridge.bench import onnx_backends as bench_onnx
 from tts_bridge.bench.chattts import (
@@ -90,9 +90,9 @@ def test_bench_builds_a_checkpoint_and_measures_torch_through_the_engine(
 @pytest.mark.slow
 @needs_chattts
 def test_combined_bench_on_the_tiny_checkpoint(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, tiny_checkpoint: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    make_tiny_checkpoint(tmp_path / "checkpoint", seed=0)
+    shutil.copytree(tiny_checkpoint, tmp_path / "checkpoint")
     batches = (1, 4)
 
     report = run_chattts_bench(
@@ -181,9 +181,12 @@ def test_targets_say_pass_miss_or_not_measured() -> None:
 
 @needs_chattts
 def test_rounds_are_interleaved(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path,
+    tiny_checkpoint: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
-    make_tiny_checkpoint(tmp_path / "checkpoint", seed=0)
+    shutil.copytree(tiny_checkpoint, tmp_path / "checkpoint")
     calls: list[tuple[str, int]] = []
 
     def fake_child(module: str, args: list[str], *, timeout: float) -> dict[str, Any]:

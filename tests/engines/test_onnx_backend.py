@@ -23,15 +23,16 @@ os.environ["TRANSFORMERS_OFFLINE"] = "1"
 import pytest
 import yaml
 
-from tests.support.chattts_tiny import NEEDS_CHATTTS_ONNX, make_tiny_checkpoint
+from tests.support.chattts_tiny import NEEDS_CHATTTS_ONNX, tiny_hashes
 from tests.support.harness import BridgeFactory, ProbeFactory, RunningBridge, threads_started_niced
 from tts_bridge import manifests
 from tts_bridge.cli.main import main
 from tts_bridge.config import ConfigError, Settings, load_settings
 from tts_bridge.engines.base import EngineError
-from tts_bridge.engines.chattts.onnx_engine import MANIFEST_FILE, ChatTTSOnnxEngine
+from tts_bridge.engines.chattts.common import ChatTTSOptions
+from tts_bridge.engines.chattts.onnx_engine import ChatTTSOnnxEngine
+from tts_bridge.engines.chattts.onnx_format import MANIFEST_FILE
 from tts_bridge.engines.chattts.pool import find_chattts_exports
-from tts_bridge.engines.chattts.torch_engine import ChatTTSOptions
 from tts_bridge.engines.registry import EnginePool, manifest_hashes
 from tts_bridge.speech.cache import SentenceCache
 from tts_bridge.speech.hardware import Hardware, plan_threads
@@ -45,19 +46,18 @@ pytestmark = NEEDS_CHATTTS_ONNX
 
 
 @pytest.fixture(scope="module")
-def library(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def library(
+    tiny_checkpoint: Path, tiny_export_fp32: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Path:
     """A models folder as a user has it after `models add chattts` and `models export
     chattts --to models/chattts-onnx` (treat as read-only; copy it to change it)."""
-    from tts_bridge.engines.chattts.export import export_chattts
-
     folder = tmp_path_factory.mktemp("onnx-backend") / "models"
-    checkpoint = make_tiny_checkpoint(folder / "chattts", seed=0)
+    checkpoint = Path(shutil.copytree(tiny_checkpoint, folder / "chattts"))
     manifests.add_model("chattts", checkpoint, folder)
     # What `tts-bridge models export` does: verify the source against the manifest, export,
-    # record the export.
-    export_chattts(
-        checkpoint, folder / "chattts-onnx", expected_sha256=manifest_hashes(checkpoint, folder)
-    )
+    # record the export. The session's export of the same checkpoint is that export.
+    assert manifest_hashes(checkpoint, folder) == tiny_hashes(tiny_checkpoint)
+    shutil.copytree(tiny_export_fp32, folder / "chattts-onnx")
     manifests.add_model("chattts-onnx", folder / "chattts-onnx", folder)
     return folder
 

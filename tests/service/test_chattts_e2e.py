@@ -20,7 +20,7 @@ import pytest
 import soundfile
 import yaml
 
-from tests.support.chattts_tiny import make_tiny_checkpoint
+from tests.support.chattts_tiny import NEEDS_CHATTTS, TinyModels
 from tests.support.harness import BridgeFactory, MqttProbe, ProbeFactory
 
 BASE = "tts_bridge"
@@ -28,12 +28,12 @@ RESPONSE = f"{BASE}/bridge/response/say"
 WAIT_S = 120.0
 ZH_TEXT = "客厅温度21.5度，湿度45%。"
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, NEEDS_CHATTTS]
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_tiny_checkpoint(tmp_path_factory.mktemp("chattts-e2e") / "tiny", seed=1)
+def tiny(tiny_models: TinyModels) -> Path:
+    return tiny_models.checkpoint(1)
 
 
 def cli(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -49,10 +49,9 @@ def cli(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.fixture(scope="module")
-def medium(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Large enough (~94 MB) that its memory is measurable next to the runtime's."""
-    dest = tmp_path_factory.mktemp("chattts-medium") / "medium"
-    return make_tiny_checkpoint(dest, seed=2, hidden_size=512, num_layers=8)
+def medium(tiny_models: TinyModels) -> Path:
+    """Large enough that its memory is measurable next to the runtime's."""
+    return tiny_models.checkpoint(2, hidden_size=512, num_layers=8)
 
 
 @pytest.fixture
@@ -209,7 +208,7 @@ def test_onnx_export_quantize_and_speak_over_mqtt(
 ) -> None:
     """`models export` and `models quantize` record the export in the manifest; a chattts-onnx
     voice with the same speaker then answers as the fast tier (that the ONNX engine never
-    imports torch is checked in a torch-free process by test_chattts_onnx.py)."""
+    imports torch is checked in a torch-free process by tests/engines/chattts)."""
     setup = prepare(tmp_path, tiny)
     models = setup["models"]
     exported = cli(

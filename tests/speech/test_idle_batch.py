@@ -22,7 +22,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 
 import pytest
 
-from tests.support.chattts_tiny import NEEDS_CHATTTS_ONNX, export_tiny, make_tiny_checkpoint
+from tests.support.chattts_tiny import NEEDS_CHATTTS_ONNX, TinyModels
 from tests.support.harness import (
     BridgeFactory,
     MqttProbe,
@@ -32,7 +32,7 @@ from tests.support.harness import (
     bridge_api,
 )
 from tts_bridge.config import load_settings
-from tts_bridge.engines.chattts.torch_engine import MAX_GENERATION_SECONDS, expected_seconds
+from tts_bridge.engines.chattts.common import MAX_GENERATION_SECONDS, expected_seconds
 from tts_bridge.engines.registry import EnginePool
 from tts_bridge.speech.cache import SentenceCache
 from tts_bridge.speech.idle import BATCH_MAX_AUDIO_S
@@ -60,22 +60,15 @@ pytestmark = [pytest.mark.slow, NEEDS_CHATTTS_ONNX]
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_tiny_checkpoint(tmp_path_factory.mktemp("idle-batch") / "tiny", seed=0)
-
-
-@pytest.fixture(scope="module")
-def export(checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def export(tiny_export_fp32: Path) -> Path:
     """The tiny checkpoint exported (FP32; the export's own manifest vouches for its files)."""
-    return export_tiny(checkpoint, tmp_path_factory.mktemp("idle-batch") / "export")
+    return tiny_export_fp32
 
 
 @pytest.fixture(scope="module")
-def slower_export(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A larger random model (hidden 512 x 8 layers): a batch takes about a second here."""
-    folder = tmp_path_factory.mktemp("idle-batch-medium")
-    checkpoint = make_tiny_checkpoint(folder / "ckpt", seed=2, hidden_size=512, num_layers=8)
-    return export_tiny(checkpoint, folder / "export")
+def slower_export(tiny_models: TinyModels, tiny_checkpoint: Path) -> Path:
+    """A larger random model (hidden 512 x 8 layers) whose batches take a while."""
+    return tiny_models.export(2, hidden_size=512, num_layers=8, quantize=False)
 
 
 def _voice(export: Path) -> dict[str, Any]:

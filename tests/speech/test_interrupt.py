@@ -19,15 +19,11 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 import numpy as np
 import pytest
 
-from tests.support.chattts_tiny import (
-    NEEDS_CHATTTS_ONNX,
-    export_tiny,
-    make_tiny_checkpoint,
-    tiny_hashes,
-)
+from tests.support.chattts_tiny import NEEDS_CHATTTS_ONNX, tiny_hashes
 from tts_bridge.engines.base import SynthesisInterruptedError, interruptible
+from tts_bridge.engines.chattts.common import ChatTTSOptions
 from tts_bridge.engines.chattts.onnx_engine import ChatTTSOnnxEngine
-from tts_bridge.engines.chattts.torch_engine import ChatTTSEngine, ChatTTSOptions
+from tts_bridge.engines.chattts.torch_engine import ChatTTSEngine
 from tts_bridge.speech.scheduler import Scheduler
 
 TEXT = "The front door is open."
@@ -36,16 +32,13 @@ pytestmark = NEEDS_CHATTTS_ONNX
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_tiny_checkpoint(tmp_path_factory.mktemp("interrupt") / "tiny", seed=0)
+def checkpoint(tiny_checkpoint: Path) -> Path:
+    return tiny_checkpoint
 
 
 @pytest.fixture(scope="module")
-def onnx_engine(
-    checkpoint: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[ChatTTSOnnxEngine]:
-    dest = export_tiny(checkpoint, tmp_path_factory.mktemp("interrupt") / "export")
-    engine = ChatTTSOnnxEngine(dest, precision="fp32", threads=1)
+def onnx_engine(tiny_export_fp32: Path) -> Iterator[ChatTTSOnnxEngine]:
+    engine = ChatTTSOnnxEngine(tiny_export_fp32, precision="fp32", threads=1)
     engine.load()
     yield engine
     engine.unload()

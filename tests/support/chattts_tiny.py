@@ -24,11 +24,16 @@ float16 array ``[std (H values), mean (H values)]``.
 
 Run as a script to write one: ``python tests/support/chattts_tiny.py DEST``.
 
-The ChatTTS tests share their set-up through this module too: the ``NEEDS_CHATTTS_ONNX`` skip
-marker, ``tiny_hashes`` (the expected hashes of a checkpoint's files), ``export_tiny`` (the real
-exporter, optionally with INT8 quantization), ``chattts_reference`` (ChatTTS itself on a
-checkpoint) and ``run_torch_free`` (a snippet in a fresh interpreter, with a report of the heavy
-modules it imported).
+The ChatTTS tests share their set-up through this module too: the ``NEEDS_CHATTTS`` and
+``NEEDS_CHATTTS_ONNX`` skip markers, ``tiny_hashes`` (the expected hashes of a checkpoint's
+files), ``export_tiny`` (the real exporter, optionally with INT8 quantization),
+``chattts_reference`` (ChatTTS itself on a checkpoint) and ``run_torch_free`` (a snippet in a
+fresh interpreter, with a report of the heavy modules it imported).
+
+Building a checkpoint and exporting it take seconds each, and a dozen test modules need one, so
+``TinyModels`` builds each variant once per test session; the session fixtures below
+(registered for every test by ``tests/conftest.py``) hand them out. They are shared: treat them
+as read-only, and copy one (``shutil.copytree``) before changing it.
 """
 
 from __future__ import annotations
@@ -36,9 +41,10 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import json
+import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -120,6 +126,11 @@ def make_tiny_checkpoint(
 
 # -- shared test set-up -------------------------------------------------------------------------
 
+NEEDS_CHATTTS = pytest.mark.skipif(
+    importlib.util.find_spec("ChatTTS") is None,
+    reason="needs the 'chattts' extra (torch, ChatTTS)",
+)
+
 NEEDS_CHATTTS_ONNX = pytest.mark.skipif(
     importlib.util.find_spec("ChatTTS") is None
     or importlib.util.find_spec("onnx") is None
@@ -182,6 +193,104 @@ def run_torch_free(code: str, *args: str) -> dict[str, Any]:
     assert result.returncode == 0, result.stderr
     report: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
     return report
+
+
+# -- built once per test session ------------------------------------------------------------------
+
+
+class TinyModels:
+    """Tiny checkpoints and their ONNX exports, each built on first use and then reused.
+
+    Everything lives under one session temporary folder, keyed by the arguments: the same
+    ``make_tiny_checkpoint`` arguments give the same checkpoint (byte for byte), so sharing one
+    between tests changes no result. The INT8 export is the FP32 export copied and quantized,
+    as ``export_tiny(..., quantize=True)`` would leave it.
+    """
+
+    def __init__(self, root: Path) -> None:
+        self._root = root
+        self._built: dict[tuple[object, ...], Path] = {}
+
+    def checkpoint(
+        self, seed: int = 0, *, hidden_size: int = HIDDEN_SIZE, num_layers: int = NUM_LAYERS
+    ) -> Path:
+        """The checkpoint ``make_tiny_checkpoint`` writes for these arguments (read-only)."""
+        key = ("checkpoint", seed, hidden_size, num_layers)
+        return self._once(
+            key,
+            lambda dest: make_tiny_checkpoint(
+                dest, seed, hidden_size=hidden_size, num_layers=num_layers
+            ),
+            self._folder(seed, hidden_size, num_layers) / "tiny",
+        )
+
+    def export(
+        self,
+        seed: int = 0,
+        *,
+        hidden_size: int = HIDDEN_SIZE,
+        num_layers: int = NUM_LAYERS,
+        quantize: bool = True,
+    ) -> Path:
+        """That checkpoint exported to ONNX, with the INT8 variant if ``quantize`` (read-only)."""
+        folder = self._folder(seed, hidden_size, num_layers)
+        checkpoint = self.checkpoint(seed, hidden_size=hidden_size, num_layers=num_layers)
+        fp32 = self._once(
+            ("export", seed, hidden_size, num_layers, False),
+            lambda dest: export_tiny(checkpoint, dest),
+            folder / "export-fp32",
+        )
+        if not quantize:
+            return fp32
+        return self._once(
+            ("export", seed, hidden_size, num_layers, True),
+            lambda dest: _quantized_copy(fp32, dest),
+            folder / "export",
+        )
+
+    def _folder(self, seed: int, hidden_size: int, num_layers: int) -> Path:
+        return self._root / f"seed{seed}-{hidden_size}x{num_layers}"
+
+    def _once(self, key: tuple[object, ...], build: Callable[[Path], Path], dest: Path) -> Path:
+        if key not in self._built:
+            if dest.exists():  # a build that failed half-way: start again
+                shutil.rmtree(dest)
+            self._built[key] = build(dest)
+        return self._built[key]
+
+
+def _quantized_copy(export: Path, dest: Path) -> Path:
+    from tts_bridge.engines.chattts.quantize import quantize_onnx
+
+    shutil.copytree(export, dest)
+    quantize_onnx(dest)
+    return dest
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> TinyModels:
+    """The session's tiny ChatTTS checkpoints and exports (see ``TinyModels``)."""
+    return TinyModels(tmp_path_factory.mktemp("chattts-tiny"))
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tiny_models: TinyModels) -> Path:
+    """The tiny checkpoint of seed 0 (read-only; skipped without the 'chattts' extra)."""
+    if importlib.util.find_spec("ChatTTS") is None:
+        pytest.skip("needs the 'chattts' extra (torch, ChatTTS)")
+    return tiny_models.checkpoint()
+
+
+@pytest.fixture(scope="session")
+def tiny_export(tiny_models: TinyModels, tiny_checkpoint: Path) -> Path:
+    """``tiny_checkpoint`` exported to ONNX and quantized: FP32 and INT8 (read-only)."""
+    return tiny_models.export()
+
+
+@pytest.fixture(scope="session")
+def tiny_export_fp32(tiny_models: TinyModels, tiny_checkpoint: Path) -> Path:
+    """``tiny_checkpoint`` exported to ONNX, FP32 only (read-only)."""
+    return tiny_models.export(quantize=False)
 
 
 # -- writing the files ----------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""What both ChatTTS engines share (chattts_base): the split into generations, the speech
+"""What both ChatTTS engines share (common): the split into generations, the speech
 estimate that budgets idle batches, and the file checks' messages. No model is loaded."""
 
 from __future__ import annotations
@@ -16,12 +16,8 @@ from tts_bridge.engines.chattts.common import (
     split_for_generation,
     strip_control_tags,
 )
-from tts_bridge.engines.chattts.onnx_engine import (
-    FORMAT,
-    FORMAT_VERSION,
-    MANIFEST_FILE,
-    ChatTTSOnnxEngine,
-)
+from tts_bridge.engines.chattts.onnx_engine import ChatTTSOnnxEngine
+from tts_bridge.engines.chattts.onnx_format import FORMAT, FORMAT_VERSION, MANIFEST_FILE
 from tts_bridge.engines.chattts.torch_engine import CHECKPOINT_FILES, SPK_STAT_FILE, ChatTTSEngine
 
 LONG = " ".join(

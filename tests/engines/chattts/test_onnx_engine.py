@@ -1,9 +1,8 @@
 """ChatTTS on ONNX Runtime: export, INT8 quantization and the torch-free engine.
 
 Everything runs on the tiny random checkpoint (tests/support/chattts_tiny.py): the real exporter
-writes
-real ONNX graphs, onnxruntime runs them, and the results are compared with ChatTTS's own torch
-modules and code loop on the same weights. The audio is noise; the comparisons are exact or
+writes real ONNX graphs, onnxruntime runs them, and the results are compared with ChatTTS's own
+torch modules and code loop on the same weights. The audio is noise; the comparisons are exact or
 within stated tolerances.
 """
 
@@ -26,34 +25,29 @@ from tests.support.chattts_tiny import (
     HIDDEN_SIZE,
     NEEDS_CHATTTS_ONNX,
     chattts_reference,
-    export_tiny,
-    make_tiny_checkpoint,
     run_torch_free,
     tiny_hashes,
 )
 from tts_bridge.engines.base import EngineError, SynthesisOptions
-from tts_bridge.engines.chattts.onnx_engine import (
+from tts_bridge.engines.chattts.common import ChatTTSOptions
+from tts_bridge.engines.chattts.onnx_engine import ChatTTSOnnxEngine
+from tts_bridge.engines.chattts.onnx_format import (
     MANIFEST_FILE,
-    ChatTTSOnnxEngine,
+    cpu_has_vnni,
+    precision_files,
+    read_manifest,
+)
+from tts_bridge.engines.chattts.onnx_model import (
     ChatTTSOnnxModel,
     CodeSampler,
     SamplingParams,
     TextCleaner,
     code_prompt,
-    cpu_has_vnni,
-    istft,
     normalized_speaker,
-    precision_files,
-    read_manifest,
 )
-from tts_bridge.engines.chattts.torch_engine import (
-    CHECKPOINT_FILES,
-    SPK_STAT_FILE,
-    ChatTTSEngine,
-    ChatTTSOptions,
-    encode_spk_emb,
-    sample_spk_emb,
-)
+from tts_bridge.engines.chattts.onnx_stream import istft
+from tts_bridge.engines.chattts.speaker import encode_spk_emb, sample_spk_emb
+from tts_bridge.engines.chattts.torch_engine import CHECKPOINT_FILES, SPK_STAT_FILE, ChatTTSEngine
 from tts_bridge.manifests import sha256_file
 
 THREADS = 1
@@ -71,15 +65,14 @@ pytestmark = NEEDS_CHATTTS_ONNX
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_tiny_checkpoint(tmp_path_factory.mktemp("chattts-onnx") / "tiny", seed=0)
+def checkpoint(tiny_checkpoint: Path) -> Path:
+    return tiny_checkpoint
 
 
 @pytest.fixture(scope="module")
-def export(checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny checkpoint exported and quantized (treat as read-only)."""
-    dest = tmp_path_factory.mktemp("chattts-onnx") / "export"
-    return export_tiny(checkpoint, dest, quantize=True)
+def export(tiny_export: Path) -> Path:
+    """The tiny checkpoint exported and quantized (shared: treat as read-only)."""
+    return tiny_export
 
 
 @pytest.fixture(scope="module")
@@ -366,7 +359,7 @@ def test_int8_engine_speaks_finite_audio_of_the_right_length(export: Path) -> No
     assert audio.dtype == np.float32 and np.isfinite(audio).all()
     assert np.abs(audio).max() <= 1.0
     # The tiny model never picks EOS: the loop runs to its budget of tokens x 512 samples.
-    from tts_bridge.engines.chattts.torch_engine import expected_seconds, max_new_tokens
+    from tts_bridge.engines.chattts.common import expected_seconds, max_new_tokens
 
     budget = max_new_tokens(expected_seconds("The front door is open."))
     assert 0.9 * budget * 512 < audio.size <= 256 * (2 * budget - 1)
@@ -457,8 +450,8 @@ def test_engine_runs_without_importing_torch(export: Path) -> None:
     code = """
 import sys
 from pathlib import Path
+from tts_bridge.engines.chattts.common import ChatTTSOptions
 from tts_bridge.engines.chattts.onnx_engine import ChatTTSOnnxEngine
-from tts_bridge.engines.chattts.torch_engine import ChatTTSOptions
 sizes = {}
 for precision in ("fp32", "int8"):
     engine = ChatTTSOnnxEngine(Path(sys.argv[1]), precision=precision)

@@ -26,19 +26,17 @@ from tests.support.chattts_tiny import (
     NEEDS_CHATTTS_ONNX,
     chattts_reference,
     export_tiny,
-    make_tiny_checkpoint,
     run_torch_free,
 )
 from tts_bridge.engines.base import EngineError
-from tts_bridge.engines.chattts.onnx_engine import (
-    ChatTTSOnnxEngine,
+from tts_bridge.engines.chattts.common import ChatTTSOptions
+from tts_bridge.engines.chattts.onnx_engine import ChatTTSOnnxEngine
+from tts_bridge.engines.chattts.onnx_format import Precision, precision_files, read_manifest
+from tts_bridge.engines.chattts.onnx_model import (
     ChatTTSOnnxModel,
     CodeSampler,
-    Precision,
     SamplingParams,
     TextCleaner,
-    precision_files,
-    read_manifest,
 )
 from tts_bridge.engines.chattts.refine import (
     RefineParams,
@@ -46,9 +44,6 @@ from tts_bridge.engines.chattts.refine import (
     engine_params,
     refine_budget,
     text_prompt,
-)
-from tts_bridge.engines.chattts.torch_engine import (
-    ChatTTSOptions,
 )
 from tts_bridge.manifests import sha256_file
 
@@ -65,11 +60,14 @@ pytestmark = NEEDS_CHATTTS_ONNX
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def checkpoint(tiny_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     from safetensors.torch import load_file, save_file
     from tokenizers import Tokenizer
 
-    dest = make_tiny_checkpoint(tmp_path_factory.mktemp("chattts-refine") / "tiny", seed=0)
+    # A copy of the session's checkpoint: this module changes it.
+    dest = Path(
+        shutil.copytree(tiny_checkpoint, tmp_path_factory.mktemp("chattts-refine") / "tiny")
+    )
     tokenizer = Tokenizer.from_file(str(dest / "asset" / "tokenizer" / "tokenizer.json"))
     eos = tokenizer.token_to_id("[Ebreak]")
     embed = dest / "asset" / "Embed.safetensors"
@@ -337,8 +335,8 @@ def test_engine_refines_without_importing_torch(export: Path) -> None:
     code = """
 import sys
 from pathlib import Path
+from tts_bridge.engines.chattts.common import ChatTTSOptions
 from tts_bridge.engines.chattts.onnx_engine import ChatTTSOnnxEngine
-from tts_bridge.engines.chattts.torch_engine import ChatTTSOptions
 sizes = {}
 for precision in ("fp32", "int8"):
     engine = ChatTTSOnnxEngine(Path(sys.argv[1]), precision=precision)

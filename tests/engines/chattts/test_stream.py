@@ -29,32 +29,34 @@ import numpy.typing as npt
 import pytest
 import soundfile
 
-from tests.support.chattts_tiny import NEEDS_CHATTTS_ONNX, export_tiny, make_tiny_checkpoint
+from tests.support.chattts_tiny import NEEDS_CHATTTS_ONNX
 from tests.support.harness import BridgeFactory, MqttProbe, ProbeFactory, ReceivedMessage
 from tts_bridge.config import load_settings
 from tts_bridge.engines.base import SynthesisOptions
+from tts_bridge.engines.chattts.common import ChatTTSOptions
 from tts_bridge.engines.chattts.onnx_engine import (
-    DECODER_STREAM_FILE,
     SAMPLES_PER_CODE,
     STREAM_CHUNK_CODES,
-    STREAM_GRAPHS,
-    VOCOS_STREAM_FILE,
     WINDOWED_CHUNK_CODES,
     ChatTTSOnnxEngine,
-    ChatTTSOnnxModel,
-    Reach,
-    SamplingParams,
-    StatefulStreamingDecoder,
-    StreamingDecoder,
     audible,
-    code_prompt,
+)
+from tts_bridge.engines.chattts.onnx_format import (
+    DECODER_STREAM_FILE,
+    STREAM_GRAPHS,
+    VOCOS_STREAM_FILE,
     external_data_path,
     loaded_roles,
     precision_files,
     read_manifest,
     write_manifest,
 )
-from tts_bridge.engines.chattts.torch_engine import ChatTTSOptions
+from tts_bridge.engines.chattts.onnx_model import ChatTTSOnnxModel, SamplingParams, code_prompt
+from tts_bridge.engines.chattts.onnx_stream import (
+    Reach,
+    StatefulStreamingDecoder,
+    StreamingDecoder,
+)
 from tts_bridge.engines.registry import EnginePool
 from tts_bridge.speech.cache import SentenceCache
 from tts_bridge.speech.synthesis import AudioPart, Synthesizer
@@ -70,19 +72,13 @@ PARITY = 1e-5
 pytestmark = NEEDS_CHATTTS_ONNX
 
 
-# -- fixtures (as in test_chattts_onnx.py) ------------------------------------------------------
+# -- fixtures ------------------------------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_tiny_checkpoint(tmp_path_factory.mktemp("chattts-stream") / "tiny", seed=0)
-
-
-@pytest.fixture(scope="module")
-def export(checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny checkpoint exported and quantized (treat as read-only)."""
-    dest = tmp_path_factory.mktemp("chattts-stream") / "export"
-    return export_tiny(checkpoint, dest, quantize=True)
+def export(tiny_export: Path) -> Path:
+    """The tiny checkpoint exported and quantized (shared: treat as read-only)."""
+    return tiny_export
 
 
 @pytest.fixture(scope="module")
