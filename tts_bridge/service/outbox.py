@@ -1,0 +1,195 @@
+"""Everything the service publishes, within the broker's size limits: the one place that does.
+
+A whole WAV on <base>/audio/<target>; one self-contained WAV per sentence on its stream topic
+(asked for, or because the whole answer is too big for the broker); JSON answers on
+<base>/bridge/response/<name> and on the request's MQTT 5 response topic; refusals. Never a
+payload over the broker's limit: paho would reconnect forever on the broker's refusal.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from tts_bridge.audio import encode_wav
+from tts_bridge.config import Settings
+from tts_bridge.mqtt.client import IncomingMessage, OutgoingMessage
+from tts_bridge.mqtt.protocol import Topics, error_response, new_id
+from tts_bridge.speech.synthesis import AudioPart
+
+_LOGGER = logging.getLogger(__name__)
+
+
+class Connection(Protocol):
+    """What the service needs of its MQTT connection (`MqttConnection`, or a test's fake)."""
+
+    connected: threading.Event
+
+    def start(
+        self,
+        subscriptions: Sequence[str],
+        on_message: Callable[[IncomingMessage], None],
+        on_connected: Callable[[], None],
+    ) -> None: ...
+
+    def stop(self, final: OutgoingMessage | None = None, timeout_s: float = 5.0) -> None: ...
+
+    def publish(self, message: OutgoingMessage) -> Any: ...
+
+    def ack(self, mid: int, qos: int) -> None: ...
+
+    def max_payload(self, topic: str) -> int | None: ...
+
+
+@dataclass(frozen=True)
+class ReplyTo:
+    """Where a request's answer goes besides the shared response topic."""
+
+    response_topic: str | None
+    correlation_data: bytes | None
+
+    @classmethod
+    def of(cls, message: IncomingMessage) -> ReplyTo:
+        return cls(message.response_topic, message.correlation_data)
+
+
+Flags = Sequence[tuple[str, str]]
+
+
+class AudioTooLargeError(Exception):
+    """Not even one sentence's WAV fits the broker's limit on the audio topic."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(
+            f"a sentence's audio exceeds the broker's limit of {limit} bytes; "
+            "split the text into shorter sentences"
+        )
+        self.limit = limit
+
+
+class Outbox:
+    """Publishes answers through the connection."""
+
+    def __init__(self, settings: Settings, connection: Connection) -> None:
+        self.topics = Topics(settings.mqtt.base_topic)
+        self._connection = connection
+        self._expiry = settings.mqtt.audio_expiry_s or None
+
+    @property
+    def connected(self) -> bool:
+        return self._connection.connected.is_set()
+
+    def ack(self, message: IncomingMessage) -> None:
+        self._connection.ack(message.mid, message.qos)
+
+    def publish(self, message: OutgoingMessage) -> None:
+        self._connection.publish(message)
+
+    def retained_json(self, topic: str, body: bytes) -> None:
+        self._connection.publish(OutgoingMessage(topic, body, retain=True))
+
+    # JSON answers
+
+    def answer(self, name: str, body: bytes, reply: ReplyTo | None = None) -> None:
+        """A JSON answer on <base>/bridge/response/<name> and on the request's response topic."""
+        self._connection.publish(OutgoingMessage(self.topics.response(name), body))
+        if reply is not None and reply.response_topic:
+            self._connection.publish(
+                OutgoingMessage(
+                    reply.response_topic,
+                    body,
+                    content_type="application/json",
+                    correlation_data=reply.correlation_data,
+                )
+            )
+
+    def refuse(
+        self,
+        request_id: str | int | None,
+        code: str,
+        message: str,
+        reply: ReplyTo,
+        target: str,
+    ) -> bytes:
+        """Answer a say request with an error; returns the answer (for the journal)."""
+        request_id = request_id if request_id is not None else new_id()
+        _LOGGER.warning("Request %s for %s refused (%s): %s", request_id, target, code, message)
+        body = error_response(request_id, code, message)
+        self.answer("say", body, reply)
+        return body
+
+    # audio
+
+    def audio(
+        self,
+        target: str,
+        wav: bytes,
+        flags: Flags,
+        parts: Callable[[], list[AudioPart]],
+        sample_rate: int,
+    ) -> bool:
+        """The answer on <base>/audio/<target>: one WAV, or (too big for the broker) one WAV per
+        sentence from `parts()` on the stream topic; True for the latter. Raises AudioTooLargeError
+        when even a sentence does not fit (then nothing was published)."""
+        topic = self.topics.audio(target)
+        limit = self._connection.max_payload(topic)
+        if limit is None or len(wav) <= limit:
+            self._connection.publish(
+                OutgoingMessage(
+                    topic,
+                    wav,
+                    content_type="audio/wav",
+                    user_properties=flags,
+                    expiry_s=self._expiry,
+                )
+            )
+            return False
+        sentences = parts()
+        if any(len(encode_wav(p.pcm, sample_rate)) > limit for p in sentences):
+            raise AudioTooLargeError(limit)
+        for part in sentences:
+            self.stream_part(target, flags, part, sample_rate)
+        return True
+
+    def stream_part(self, target: str, flags: Flags, part: AudioPart, sample_rate: int) -> None:
+        """One self-contained WAV on <base>/audio/<target>/stream, in order: a sentence, or a
+        piece of one from an engine that streams within a sentence. `flags` start with the
+        request's id and tier."""
+        props = [
+            *flags[:2],
+            ("seq", str(part.seq)),
+            ("sentence", str(part.sentence)),
+            ("last", "true" if part.last else "false"),
+            ("cached", "true" if part.cached else "false"),
+        ]
+        self._connection.publish(
+            OutgoingMessage(
+                self.topics.audio_stream(target),
+                encode_wav(part.pcm, sample_rate),
+                content_type="audio/wav",
+                user_properties=props,
+                expiry_s=self._expiry,
+            )
+        )
+
+    def reply_audio(self, request_id: str | int, wav: bytes, flags: Flags, reply: ReplyTo) -> None:
+        """The WAV on the request's MQTT 5 response topic, if it fits (else a warning)."""
+        if not reply.response_topic:
+            return
+        limit = self._connection.max_payload(reply.response_topic)
+        if limit is not None and len(wav) > limit:
+            _LOGGER.warning("Request %s: audio too big for its response topic", request_id)
+            return
+        self._connection.publish(
+            OutgoingMessage(
+                reply.response_topic,
+                wav,
+                content_type="audio/wav",
+                correlation_data=reply.correlation_data,
+                user_properties=flags,
+                expiry_s=self._expiry,
+            )
+        )

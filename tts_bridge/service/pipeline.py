@@ -1,0 +1,347 @@
+"""The one path from text to audio that every front end uses (MQTT say, Hermes, Wyoming, HTTP).
+
+Going through it is what makes a front end share the sentence cache, tier routing to the fast
+voice, the scheduler's queue and lanes, idle upgrades and the health counters. `prepare` is
+cheap and runs on any thread (a network thread included); `render` runs only on the
+scheduler's worker threads, which `submit` hands the job to.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from tts_bridge.config import Settings
+from tts_bridge.engines.base import EngineError, Tier
+from tts_bridge.engines.registry import UnknownVoiceError
+from tts_bridge.speech.idle import IdleWork
+from tts_bridge.speech.routing import Route, TierRouter
+from tts_bridge.speech.scheduler import Scheduler
+from tts_bridge.speech.synthesis import (
+    AudioPart,
+    Plan,
+    Rendering,
+    RequestError,
+    SentenceAudio,
+    Synthesizer,
+)
+
+_LOGGER = logging.getLogger(__name__)
+
+
+class SpeechError(Exception):
+    """A request the pipeline cannot serve; each front end turns it into its own error reply.
+
+    `code` is the machine-readable reason (the codes of the MQTT answers: "empty_text",
+    "text_too_long", "unknown_voice", "unsupported_language", "invalid_options", "busy",
+    "synthesis_failed", ...); `str(exc)` is the message for people.
+    """
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass(frozen=True)
+class SpeechJob:
+    """A validated and routed request."""
+
+    id: str | int
+    target: str
+    """Where the answer goes: the MQTT say target, the Hermes site, or "wyoming"."""
+    plan: Plan
+    route: Route
+    estimate_s: float
+    """The chosen voice's estimated cost: the job's share of the scheduler's backlog."""
+    use_cache: bool
+    received: float
+    """time.monotonic() when the request arrived."""
+
+    @property
+    def sample_rate(self) -> int:
+        return self.route.voice.engine.sample_rate
+
+    @property
+    def rerouted(self) -> bool:
+        """True when a voice other than the requested one answers (its fast tier)."""
+        return self.route.voice is not self.plan.voice
+
+
+@dataclass(frozen=True)
+class VoiceInfo:
+    """A configured voice as front ends describe it to their clients."""
+
+    name: str
+    languages: tuple[str, ...]
+    engine: str
+    tier: str
+    description: str | None
+    sample_rate: int
+    backend: str | None
+    fast_voice: str | None
+
+
+@dataclass(frozen=True)
+class VoiceCatalog:
+    voices: tuple[VoiceInfo, ...]
+    default_voice: str
+
+
+class Counters:
+    """Answers per tier and errors, and the last answer's tier and latency (health reports)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._answers = {"quality": 0, "fast": 0, "error": 0}
+        self._last_latency_ms: float | None = None
+        self._last_tier: str | None = None
+
+    def answer(self, tier: str, latency_ms: float | None = None) -> None:
+        with self._lock:
+            self._answers[tier] = self._answers.get(tier, 0) + 1
+            if latency_ms is not None:
+                self._last_latency_ms = latency_ms
+                self._last_tier = tier
+
+    def error(self) -> None:
+        with self._lock:
+            self._answers["error"] += 1
+
+    def snapshot(self) -> tuple[dict[str, int], float | None, str | None]:
+        """(answers per tier and "error", last latency in ms, last tier)."""
+        with self._lock:
+            return dict(self._answers), self._last_latency_ms, self._last_tier
+
+
+class Pipeline:
+    """Validate, route, queue and render speech for any front end."""
+
+    def __init__(  # noqa: PLR0917  (the pipeline's contract with the front ends)
+        self,
+        settings: Settings,
+        synthesizer: Synthesizer,
+        scheduler: Scheduler,
+        router: TierRouter,
+        idle: IdleWork,
+        counters: Counters,
+    ) -> None:
+        self.settings = settings
+        self.synthesizer = synthesizer
+        self.scheduler = scheduler
+        self.router = router
+        self.idle = idle
+        self.counters = counters
+
+    def start(self) -> None:
+        self.scheduler.start()
+
+    def stop(self, timeout_s: float) -> bool:
+        """Finish queued live work (bounded); False when synthesis was still running."""
+        return self.scheduler.stop(timeout_s)
+
+    # any thread
+
+    def prepare(
+        self,
+        request_id: str | int,
+        text: str,
+        *,
+        voice: str | None = None,
+        lang: str | None = None,
+        options: Mapping[str, object] | None = None,
+        tier: Tier | None = None,
+        use_cache: bool = True,
+        budget_ms: int | None = None,
+        target: str = "default",
+        received: float | None = None,
+    ) -> SpeechJob:
+        """Validate and route a request; raises SpeechError (an unknown voice included)."""
+        plan = self.check(text, voice, lang, options)
+        return self.route(
+            request_id,
+            plan,
+            tier=tier,
+            use_cache=use_cache,
+            budget_ms=budget_ms,
+            target=target,
+            received=received,
+        )
+
+    def check(
+        self,
+        text: str,
+        voice: str | None = None,
+        lang: str | None = None,
+        options: Mapping[str, object] | None = None,
+    ) -> Plan:
+        """Validation alone (the first half of `prepare`), for a front end that must record a
+        request durably between validating and routing it."""
+        try:
+            return self.synthesizer.validate(text, voice, lang, options)
+        except RequestError as exc:
+            raise SpeechError(exc.code, str(exc)) from exc
+        except UnknownVoiceError as exc:
+            raise SpeechError("unknown_voice", str(exc.args[0])) from exc
+
+    def route(
+        self,
+        request_id: str | int,
+        plan: Plan,
+        *,
+        tier: Tier | None = None,
+        use_cache: bool = True,
+        budget_ms: int | None = None,
+        target: str = "default",
+        received: float | None = None,
+    ) -> SpeechJob:
+        """Pick the tier for a validated plan (the second half of `prepare`)."""
+        synth = self.synthesizer
+        fast_name = plan.voice.settings.fast_voice
+        fast = synth.engines.voice(fast_name) if fast_name else None
+        cost = synth.uncached_cost_s(plan.voice, plan.sentences, plan.options, use_cache=use_cache)
+        route = self.router.choose(
+            plan.voice,
+            fast,
+            language=plan.language,
+            uncached_cost_s=cost,
+            backlog_s=self.scheduler.backlog_s(),
+            forced=tier,
+            budget_ms=budget_ms,
+        )
+        if route.voice is not plan.voice:
+            # The fast voice's cost, with the options and cache use it will render with.
+            options = synth.options_for_plan(route.voice, plan)
+            cost = synth.uncached_cost_s(route.voice, plan.sentences, options, use_cache=use_cache)
+        _LOGGER.debug(
+            "Request %s: %s tier (%s, quality estimate %.2f s)",
+            request_id,
+            route.tier,
+            route.reason,
+            route.estimate_s,
+        )
+        return SpeechJob(
+            id=request_id,
+            target=target,
+            plan=plan,
+            route=route,
+            estimate_s=cost,
+            use_cache=use_cache,
+            received=received if received is not None else time.monotonic(),
+        )
+
+    def submit(
+        self,
+        job: SpeechJob,
+        serve: Callable[[SpeechJob], None],
+        *,
+        force: bool = False,
+        urgent: bool | None = None,
+    ) -> bool:
+        """Queue `serve(job)` on a worker; False when the queue is full (answer "busy").
+
+        `urgent` defaults to whether the job was sent to the fast voice: those run in the fast
+        lane, so a quick answer never waits for a quality job already rendering."""
+        if urgent is None:
+            urgent = job.route.tier == "fast" and job.rerouted
+        return self.scheduler.submit_live(
+            lambda: serve(job), job.estimate_s, force=force, urgent=urgent
+        )
+
+    def busy_message(self) -> str:
+        return f"the bridge is busy ({self.settings.limits.max_queue} requests queued); retry later"
+
+    # worker threads
+
+    def render(
+        self,
+        job: SpeechJob,
+        *,
+        on_part: Callable[[AudioPart], None] | None = None,
+        on_sentence: Callable[[SentenceAudio], None] | None = None,
+        volume: float | None = None,
+    ) -> Rendering:
+        """Render from the cache or the engine, and note the request for idle work.
+
+        `on_part` gets each sentence (or streamed piece of one) as soon as it is ready;
+        `on_sentence` each complete sentence. Raises SpeechError ("synthesis_failed" for
+        engine failures)."""
+        plan, route = job.plan, job.route
+        try:
+            rendering = self.synthesizer.render_plan(
+                plan,
+                route.voice,
+                tier=route.tier,
+                use_cache=job.use_cache,
+                on_sentence=on_sentence,
+                on_part=on_part,
+                volume=volume,
+            )
+        except RequestError as exc:
+            raise SpeechError(exc.code, str(exc)) from exc
+        except EngineError as exc:
+            raise SpeechError("synthesis_failed", str(exc)) from exc
+        except Exception as exc:
+            _LOGGER.exception("Request %s failed", job.id)
+            raise SpeechError("synthesis_failed", f"internal error: {type(exc).__name__}") from exc
+        if job.rerouted and job.use_cache:
+            self.idle.note_fast_answer(plan.voice.name, plan.sentences)
+        self.idle.note_request(plan.voice.name, plan.sentences)
+        return rendering
+
+    def sentence_parts(self, pieces: Sequence[SentenceAudio], sample_rate: int) -> list[AudioPart]:
+        """Whole sentences as the per-sentence stream messages (for audio too big as one)."""
+        return self.synthesizer.sentence_parts(pieces, sample_rate)
+
+    # counters and descriptions
+
+    def count_answer(self, tier: str, latency_ms: float | None = None) -> None:
+        self.counters.answer(tier, latency_ms)
+
+    def count_error(self) -> None:
+        self.counters.error()
+
+    def voices(self) -> VoiceCatalog:
+        engines = self.synthesizer.engines
+        return VoiceCatalog(
+            voices=tuple(
+                VoiceInfo(
+                    name=v.name,
+                    languages=tuple(sorted(v.engine.languages)),
+                    engine=v.engine.name,
+                    tier=v.engine.tier,
+                    description=v.settings.description,
+                    sample_rate=v.engine.sample_rate,
+                    backend=v.backend,
+                    fast_voice=v.settings.fast_voice,
+                )
+                for v in engines
+            ),
+            default_voice=engines.default_voice,
+        )
+
+    def engine_identities(self) -> list[str]:
+        return sorted({e.identity for e in self.synthesizer.engines.engines()})
+
+    def describe(self) -> dict[str, Any]:
+        """What the speech path is doing now, for health reports."""
+        synth = self.synthesizer
+        answers, last_latency, last_tier = self.counters.snapshot()
+        return {
+            "queue_depth": self.scheduler.depth,
+            "active": self.scheduler.active,
+            "background_pending": self.idle.pending(),
+            "background_running": self.scheduler.background_running,
+            "background_done": dict(self.idle.done),
+            "background_interrupted": self.idle.interrupted,
+            "estimated_backlog_s": round(self.scheduler.backlog_s(), 3),
+            "answers": answers,
+            "tier_in_use": "fast" if self.router.fast_mode else "quality",
+            "last_tier": last_tier,
+            "last_latency_ms": last_latency,
+            "rtf": synth.stats.rtf(),
+            "seconds_per_char": {k: round(v, 5) for k, v in synth.estimator.snapshot().items()},
+        }
