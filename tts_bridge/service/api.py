@@ -1,0 +1,117 @@
+"""The bridge API: <base>/bridge/request/<name> -> <base>/bridge/response/<name>.
+
+Requests are served one at a time on their own thread (cache/clear may take a while), never on
+the network thread; they are not journaled (acked at once).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from tts_bridge.config import Settings
+from tts_bridge.engines.registry import UnknownVoiceError
+from tts_bridge.mqtt.client import IncomingMessage
+from tts_bridge.mqtt.protocol import ProtocolError, api_response, parse_api_request
+from tts_bridge.service.frontend import MqttFrontEnd, shared
+from tts_bridge.service.outbox import Outbox, ReplyTo
+from tts_bridge.service.pipeline import Pipeline, SpeechError
+from tts_bridge.service.reports import Reports
+from tts_bridge.speech.synthesis import RequestError
+
+_LOGGER = logging.getLogger(__name__)
+
+
+class ApiError(Exception):
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class BridgeApi(MqttFrontEnd):
+    def __init__(
+        self, settings: Settings, outbox: Outbox, pipeline: Pipeline, reports: Reports
+    ) -> None:
+        self._settings = settings
+        self._outbox = outbox
+        self._pipeline = pipeline
+        self._reports = reports
+        self.topics = outbox.topics
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="api")
+        synth = pipeline.synthesizer
+        self.requests: dict[str, Callable[[dict[str, Any]], Any]] = {
+            "health_check": lambda _: {"healthy": True, **reports.health()},
+            "voices": lambda _: reports.info()["voices"],
+            "cache/stats": lambda _: synth.cache.stats(),
+            "cache/clear": lambda _: {"removed": synth.cache.clear()},
+            "prerender": self._prerender,
+            "default_voice": self._default_voice,
+        }
+
+    def subscriptions(self) -> list[str]:
+        return shared(self._settings, [self.topics.requests])
+
+    def owns(self, topic: str) -> bool:
+        return self.topics.request_name(topic) is not None
+
+    def on_message(self, message: IncomingMessage) -> None:
+        self._outbox.ack(message)
+        name = self.topics.request_name(message.topic) or ""
+        self._pool.submit(self.serve, name, message)
+
+    def stop(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def serve(self, name: str, message: IncomingMessage) -> None:
+        """Answer one request (on the API thread)."""
+        transaction: Any = None
+        try:
+            args = parse_api_request(message.payload, self._settings.limits)
+            transaction = args.pop("transaction", None)
+            if not isinstance(transaction, str | int | type(None)) or isinstance(transaction, bool):
+                transaction = None
+                raise ApiError("invalid_request", "'transaction' must be a string or an integer")
+            handler = self.requests.get(name)
+            if handler is None:
+                known = ", ".join(sorted(self.requests))
+                raise ApiError(
+                    "unknown_request", f"unknown bridge request {name[:64]!r}; known: {known}"
+                )
+            body = api_response("ok", handler(args), transaction)
+        except (ApiError, ProtocolError, RequestError, SpeechError) as exc:
+            _LOGGER.warning("Bridge request %s refused: %s", name[:64], exc)
+            body = api_response("error", {}, transaction, str(exc), getattr(exc, "code", None))
+        except UnknownVoiceError as exc:
+            body = api_response("error", {}, transaction, str(exc.args[0]), "unknown_voice")
+        except Exception as exc:
+            _LOGGER.exception("Bridge request %s failed", name[:64])
+            body = api_response("error", {}, transaction, type(exc).__name__, "internal_error")
+        self._outbox.answer(name if name in self.requests else "error", body, ReplyTo.of(message))
+
+    def _prerender(self, args: dict[str, Any]) -> dict[str, Any]:
+        phrases = args.get("phrases", args.get("value"))
+        if isinstance(phrases, str):
+            phrases = [phrases]
+        if (
+            not isinstance(phrases, list)
+            or not phrases
+            or not all(isinstance(p, str) for p in phrases)
+        ):
+            raise ApiError("invalid_request", "'phrases' must be a non-empty list of strings")
+        voice = args.get("voice")
+        if voice is not None and not isinstance(voice, str):
+            raise ApiError("invalid_request", "'voice' must be a string")
+        idle = self._pipeline.idle
+        queued = idle.request_prerender(phrases, voice)
+        self._pipeline.scheduler.wake_background()
+        return {"queued_sentences": queued, "pending": idle.pending()}
+
+    def _default_voice(self, args: dict[str, Any]) -> dict[str, Any]:
+        name = args.get("voice", args.get("value"))
+        if not isinstance(name, str):
+            raise ApiError("invalid_request", 'give the voice name (plain text or {"voice": …})')
+        self._pipeline.synthesizer.engines.set_default_voice(name)
+        self._reports.publish_info()
+        return {"default_voice": name}

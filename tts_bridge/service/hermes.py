@@ -1,0 +1,97 @@
+"""The Rhasspy Hermes front end: hermes/tts/say in; playBytes, sayFinished and errors out.
+
+Hermes messages are not journaled (a satellite asks again); they are acked at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from tts_bridge.config import Settings
+from tts_bridge.mqtt import hermes
+from tts_bridge.mqtt.client import IncomingMessage, OutgoingMessage
+from tts_bridge.service.frontend import MqttFrontEnd
+from tts_bridge.service.outbox import Outbox
+from tts_bridge.service.pipeline import Pipeline, SpeechError, SpeechJob
+from tts_bridge.textlog import short
+
+_LOGGER = logging.getLogger(__name__)
+
+
+class HermesFrontEnd(MqttFrontEnd):
+    def __init__(self, settings: Settings, outbox: Outbox, pipeline: Pipeline) -> None:
+        self._settings = settings
+        self._outbox = outbox
+        self._pipeline = pipeline
+        self._enabled = settings.hermes.enabled
+        self._tracker = hermes.FinishTracker(
+            self._finished, margin_s=settings.hermes.finish_margin_s
+        )
+
+    def subscriptions(self) -> list[str]:
+        return [hermes.SAY, hermes.PLAY_FINISHED_ALL] if self._enabled else []
+
+    def owns(self, topic: str) -> bool:
+        return self._enabled and (
+            topic == hermes.SAY or hermes.site_of_play_finished(topic) is not None
+        )
+
+    def on_message(self, message: IncomingMessage) -> None:
+        self._outbox.ack(message)
+        if message.topic == hermes.SAY:
+            self._accept(message)
+        elif (site := hermes.site_of_play_finished(message.topic)) is not None:
+            self._tracker.on_play_finished(site, message.payload)
+
+    def stop(self) -> None:
+        self._tracker.close()
+
+    def _accept(self, message: IncomingMessage) -> None:
+        try:
+            say = hermes.parse_hermes_say(
+                message.payload, max_payload_bytes=self._settings.limits.max_payload_bytes
+            )
+        except hermes.HermesError as exc:
+            self._error(exc, str(exc))
+            return
+        try:
+            job = self._pipeline.prepare(
+                say.id,
+                say.text,
+                voice=self._settings.hermes.voice,
+                lang=say.language,
+                target=say.site_id,
+                received=time.monotonic(),
+            )
+        except SpeechError as exc:
+            self._error(say, str(exc))
+            return
+        _LOGGER.info("Hermes request %s for site %s: %s", say.id, say.site_id, short(say.text))
+        if not self._pipeline.submit(job, lambda job: self._serve(job, say)):
+            self._error(say, "the bridge is busy; retry later")
+
+    def _serve(self, job: SpeechJob, say: hermes.HermesSay) -> None:
+        try:
+            rendering = self._pipeline.render(job, volume=say.volume)
+        except SpeechError as exc:
+            _LOGGER.warning("Hermes request %s failed: %s", say.id, exc)
+            self._error(say, f"synthesis failed: {exc}")
+            return
+        self._outbox.publish(
+            OutgoingMessage(hermes.play_bytes_topic(say.site_id, say.id), rendering.wav)
+        )
+        self._tracker.track(say, rendering.duration_ms / 1000)
+        self._pipeline.count_answer(job.route.tier)
+        _LOGGER.info(
+            "Hermes request %s played on %s (%s tier)", say.id, say.site_id, job.route.tier
+        )
+
+    def _finished(self, say: hermes.HermesSay, reason: str) -> None:
+        _LOGGER.debug("Hermes request %s finished (%s)", say.id, reason)
+        self._outbox.publish(OutgoingMessage(hermes.SAY_FINISHED, hermes.say_finished_payload(say)))
+
+    def _error(self, source: hermes.HermesSay | hermes.HermesError, message: str) -> None:
+        _LOGGER.warning("Hermes request refused: %s", message)
+        self._pipeline.count_error()
+        self._outbox.publish(OutgoingMessage(hermes.ERROR, hermes.error_payload(source, message)))
