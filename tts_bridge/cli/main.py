@@ -60,29 +60,24 @@ def _settings(args: argparse.Namespace) -> Settings:
 
 def _thread_plan(settings: Settings) -> ThreadPlan:
     """The hardware plan, with the settings' explicit values taking precedence."""
-    from tts_bridge.speech.hardware import plan_for_settings
+    from tts_bridge.service.app import thread_plan
 
-    return plan_for_settings(settings)
+    return thread_plan(settings)
 
 
 def _build_synthesizer(settings: Settings, plan: ThreadPlan) -> Synthesizer:
-    from tts_bridge.engines.registry import EnginePool
-    from tts_bridge.speech.cache import SentenceCache
-    from tts_bridge.speech.synthesis import Synthesizer
+    from tts_bridge.service.app import build_synthesizer
 
-    pool = EnginePool(settings, plan=plan)
-    return Synthesizer(settings, pool, SentenceCache(settings.cache))
+    return build_synthesizer(settings, plan)
 
 
 def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
-    from tts_bridge.service.bridge import Bridge
+    from tts_bridge.service import app
 
     plan = _thread_plan(settings)
     for line in plan.describe():
         _LOGGER.info("Thread plan: %s", line)
-    bridge = Bridge(
-        settings, _build_synthesizer(settings, plan), plan.synthesis_concurrency, plan.idle_nice
-    )
+    service = app.build(settings, plan=plan)
     stop = threading.Event()
 
     def _on_signal(signum: int, frame: FrameType | None) -> None:
@@ -99,10 +94,10 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
         settings.default_voice,
         settings.cache.dir,
     )
-    bridge.start()
+    service.start()
     while not stop.wait(1.0):
         pass
-    bridge.stop()
+    service.stop()
     return 0
 
 

@@ -96,18 +96,11 @@ class MqttConnection:
     deliver them again.
     """
 
-    def __init__(
-        self,
-        settings: MqttSettings,
-        subscriptions: Sequence[str],
-        will: OutgoingMessage,
-        on_message: Callable[[IncomingMessage], None],
-        on_connected: Callable[[], None],
-    ) -> None:
+    def __init__(self, settings: MqttSettings, will: OutgoingMessage) -> None:
         self._settings = settings
-        self._subscriptions = list(subscriptions)
-        self._on_message = on_message
-        self._on_connected = on_connected
+        self._subscriptions: list[str] = []
+        self._on_message: Callable[[IncomingMessage], None] = lambda message: None
+        self._on_connected: Callable[[], None] = lambda: None
         self.connected = threading.Event()
         self.max_packet_size: int | None = None
         self.connects = 0
@@ -133,7 +126,17 @@ class MqttConnection:
         self._last_failure: str | None = None
         self._client = client
 
-    def start(self) -> None:
+    def start(
+        self,
+        subscriptions: Sequence[str],
+        on_message: Callable[[IncomingMessage], None],
+        on_connected: Callable[[], None],
+    ) -> None:
+        """Connect in the background; `on_message` gets every message on `subscriptions`
+        (on paho's network thread), `on_connected` runs after each (re)connect."""
+        self._subscriptions = list(subscriptions)
+        self._on_message = on_message
+        self._on_connected = on_connected
         _LOGGER.info(
             "Connecting to mqtt://%s:%d as %s",
             self._settings.host,

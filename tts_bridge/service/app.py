@@ -1,0 +1,188 @@
+"""The one place that builds the service from `Settings`.
+
+Cache, engine pool and synthesizer; scheduler, router and idle work; the speech pipeline; the
+journal; the MQTT connection, outbox and bridge with its front ends. A new MQTT front end is its
+module plus one line in `build`'s list; a front end that is not MQTT (a server with `start()`
+and `stop()`, given the pipeline) is one line in `servers`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from typing import Protocol
+
+from tts_bridge.config import Settings
+from tts_bridge.mqtt.client import MqttConnection, OutgoingMessage
+from tts_bridge.mqtt.protocol import Topics
+from tts_bridge.service.api import BridgeApi
+from tts_bridge.service.bridge import OFFLINE, Bridge
+from tts_bridge.service.hermes import HermesFrontEnd
+from tts_bridge.service.journal import Journal, JournalError
+from tts_bridge.service.outbox import Connection, Outbox
+from tts_bridge.service.pipeline import Counters, Pipeline
+from tts_bridge.service.reports import Reports
+from tts_bridge.service.say import SayFrontEnd
+from tts_bridge.speech.hardware import ThreadPlan
+from tts_bridge.speech.idle import IdleWork
+from tts_bridge.speech.routing import TierRouter
+from tts_bridge.speech.scheduler import Scheduler
+from tts_bridge.speech.synthesis import Synthesizer
+
+_LOGGER = logging.getLogger(__name__)
+
+
+class Server(Protocol):
+    """A front end with its own listener (Wyoming, HTTP), given the pipeline."""
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+def thread_plan(settings: Settings) -> ThreadPlan:
+    """The hardware plan, with the settings' explicit values taking precedence."""
+    from tts_bridge.speech.hardware import plan_for_settings
+
+    return plan_for_settings(settings)
+
+
+def build_synthesizer(settings: Settings, plan: ThreadPlan | None = None) -> Synthesizer:
+    """The engine pool and the sentence cache behind a synthesizer (no model is loaded yet)."""
+    from tts_bridge.engines.registry import EnginePool
+    from tts_bridge.speech.cache import SentenceCache
+
+    pool = EnginePool(settings, plan=plan if plan is not None else thread_plan(settings))
+    return Synthesizer(settings, pool, SentenceCache(settings.cache))
+
+
+def open_journal(settings: Settings) -> Journal:
+    """Open the request journal; a damaged one is moved aside (its entries are lost, logged)."""
+    path = settings.journal.path
+    try:
+        return Journal(path, keep_done_s=settings.journal.keep_done_s)
+    except JournalError as exc:
+        if "in use" in str(exc):
+            raise
+        aside = path.with_name(f"{path.name}.damaged-{int(time.time())}")
+        _LOGGER.error("%s; moving it to %s and starting a new journal", exc, aside)
+        path.rename(aside)
+        return Journal(path, keep_done_s=settings.journal.keep_done_s)
+
+
+def build_pipeline(
+    settings: Settings, synthesizer: Synthesizer, workers: int = 1, idle_nice: int = 10
+) -> Pipeline:
+    sched = settings.scheduler
+    idle = IdleWork(settings, synthesizer)
+    scheduler = Scheduler(
+        workers,
+        settings.limits.max_queue,
+        background=idle if sched.idle_enabled else None,
+        idle_delay_s=sched.idle_delay_s,
+        idle_max_load=sched.idle_max_load,
+        idle_nice=idle_nice,
+    )
+    router = TierRouter(sched.latency_budget_ms, sched.hysteresis)
+    return Pipeline(settings, synthesizer, scheduler, router, idle, Counters())
+
+
+class Service:
+    """Everything built, started and stopped in the right order."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        pipeline: Pipeline,
+        journal: Journal,
+        outbox: Outbox,
+        bridge: Bridge,
+        say: SayFrontEnd,
+        hermes: HermesFrontEnd,
+        api: BridgeApi,
+        reports: Reports,
+        servers: Sequence[Server] = (),
+    ) -> None:
+        self.settings = settings
+        self.pipeline = pipeline
+        self.journal = journal
+        self.outbox = outbox
+        self.bridge = bridge
+        self.say = say
+        self.hermes = hermes
+        self.api = api
+        self.reports = reports
+        self.servers = list(servers)
+        self._stopped = False
+
+    @property
+    def idle(self) -> IdleWork:
+        return self.pipeline.idle
+
+    def start(self) -> None:
+        self.pipeline.start()
+        self.bridge.start()
+        for server in self.servers:
+            server.start()
+
+    def stop(self, timeout_s: float = 20.0) -> None:
+        """Stop the servers, drain live work (bounded), say offline, close cache and journal."""
+        if self._stopped:
+            return
+        self._stopped = True
+        for server in reversed(self.servers):
+            server.stop()
+        self.bridge.stop(timeout_s)
+        self.pipeline.synthesizer.cache.close()
+        self.journal.close()
+        _LOGGER.info("Stopped")
+
+
+def build(
+    settings: Settings,
+    *,
+    plan: ThreadPlan | None = None,
+    synthesizer: Synthesizer | None = None,
+    connection: Connection | None = None,
+) -> Service:
+    """The whole service from `settings` (`synthesizer` and `connection` may be given, as
+    tests do; by default they are built here)."""
+    plan = plan if plan is not None else thread_plan(settings)
+    synth = synthesizer if synthesizer is not None else build_synthesizer(settings, plan)
+    pipeline = build_pipeline(settings, synth, plan.synthesis_concurrency, plan.idle_nice)
+    journal = open_journal(settings)
+    if connection is None:
+        will = OutgoingMessage(Topics(settings.mqtt.base_topic).state, OFFLINE, qos=1, retain=True)
+        connection = MqttConnection(settings.mqtt, will)
+    outbox = Outbox(settings, connection)
+    say = SayFrontEnd(settings, outbox, pipeline, journal)
+    hermes = HermesFrontEnd(settings, outbox, pipeline)
+    reports = Reports(settings, outbox, pipeline)
+    api = BridgeApi(settings, outbox, pipeline, reports)
+    # The MQTT front ends, in dispatch order (each owns distinct topics); a new one goes here.
+    front_ends = [say, api, reports, hermes]
+    bridge = Bridge(
+        settings,
+        connection,
+        outbox=outbox,
+        pipeline=pipeline,
+        journal=journal,
+        say=say,
+        front_ends=front_ends,
+    )
+    # Front ends with their own listeners (Wyoming, HTTP) go here, built with the pipeline.
+    servers: list[Server] = []
+    return Service(
+        settings,
+        pipeline=pipeline,
+        journal=journal,
+        outbox=outbox,
+        bridge=bridge,
+        say=say,
+        hermes=hermes,
+        api=api,
+        reports=reports,
+        servers=servers,
+    )
