@@ -1,17 +1,18 @@
 """Idle pre-rendering in batches: ChatTTS ONNX renders several waiting sentences in one call.
 
 Real models only: a tiny random ChatTTS checkpoint (tests/support/chattts_tiny.py) exported to ONNX
-by
-the project's exporter, served by the real bridge over a private mosquitto. Which path rendered
-a sentence is read from the bridge's own log: the engine logs every code loop with its texts
-joined by " | ", and the idle worker logs each batch. The tiny model's random weights never
-pick the end code, so every generation runs to its token budget: audio longer than one
-generation's cap (30 s) can only come from several generations, i.e. the one-at-a-time path.
+by the project's exporter, served by the real service in process (on a fake MQTT connection, see
+tests/support/fake.py). Which path rendered a sentence is read from the service's own log: the
+engine logs every code loop with its texts joined by " | ", and the idle worker logs each batch.
+The tiny model's random weights never pick the end code, so every generation runs to its token
+budget: audio longer than one generation's cap (30 s) can only come from several generations,
+i.e. the one-at-a-time path.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import time
@@ -23,14 +24,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 import pytest
 
 from tests.support.chattts_tiny import NEEDS_CHATTTS_ONNX, TinyModels
-from tests.support.harness import (
-    BridgeFactory,
-    MqttProbe,
-    ProbeFactory,
-    ReceivedMessage,
-    RunningBridge,
-    bridge_api,
-)
+from tests.support.fake import Services, body
 from tts_bridge.config import load_settings
 from tts_bridge.engines.chattts.common import MAX_GENERATION_SECONDS, expected_seconds
 from tts_bridge.engines.registry import EnginePool
@@ -75,135 +69,142 @@ def _voice(export: Path) -> dict[str, Any]:
     return {"engine": "chattts-onnx", "model": str(export), "precision": "fp32"}
 
 
-def _start(
-    bridge_factory: BridgeFactory, probe_factory: ProbeFactory, export: Path, batch_size: int
-) -> tuple[RunningBridge, MqttProbe]:
-    """A bridge serving `export` as VOICE, idle batches of `batch_size`; a probe on every topic."""
-    bridge = bridge_factory(
-        voices={VOICE: _voice(export)},
-        default_voice=VOICE,
-        synthesis={"onnx_threads": 1, "workers": 1},
-        scheduler={
-            "idle_delay_s": 0.2,
-            "idle_max_load": 1000.0,
-            "idle_batch_size": batch_size,
-        },
-    )
-    probe = probe_factory(f"{BASE}/#")
-    probe.diagnostics = bridge.log_tail
-    return bridge, probe
+class Running:
+    """An in-process service serving the tiny export as VOICE, and its log lines."""
 
+    def __init__(
+        self, services: Services, caplog: pytest.LogCaptureFixture, export: Path, batch_size: int
+    ) -> None:
+        caplog.set_level(logging.DEBUG)
+        self._caplog = caplog
+        self.service, self.conn = services(
+            voices={VOICE: _voice(export)},
+            default_voice=VOICE,
+            synthesis={"onnx_threads": 1, "workers": 1},
+            scheduler={
+                "idle_delay_s": 0.2,
+                "idle_max_load": 1000.0,
+                "idle_batch_size": batch_size,
+            },
+        )
 
-def _api(probe: MqttProbe, name: str, payload: dict[str, Any] | None = None) -> dict[str, Any]:
-    return bridge_api(probe, name, payload, timeout=WAIT_S, base=BASE)
+    def log(self) -> str:
+        """The log as the bridge process writes it: 'logger: message' lines."""
+        return "\n".join(f"{r.name}: {r.getMessage()}" for r in list(self._caplog.records))
 
+    def log_tail(self, lines: int = 40) -> str:
+        return "\n".join(self.log().splitlines()[-lines:])
 
-def _say(probe: MqttProbe, payload: dict[str, Any]) -> dict[str, Any]:
-    since = probe.mark()
-    probe.publish(f"{BASE}/say/batch", json.dumps(payload))
+    def api(self, name: str, payload: dict[str, Any] | None = None) -> dict[str, Any]:
+        since = self.conn.mark()
+        self.conn.deliver(f"{BASE}/bridge/request/{name}", json.dumps(payload or {}))
+        answer = self.conn.wait_for(
+            lambda m: m.topic == f"{BASE}/bridge/response/{name}", WAIT_S, since=since
+        )
+        found: dict[str, Any] = body(answer)
+        return found
 
-    def is_answer(m: ReceivedMessage) -> bool:
-        return m.topic == f"{BASE}/bridge/response/say" and m.json()["id"] == payload["id"]
+    def say(self, payload: dict[str, Any]) -> dict[str, Any]:
+        since = self.conn.mark()
+        self.conn.deliver(f"{BASE}/say/batch", json.dumps(payload))
+        answer = self.conn.wait_for(
+            lambda m: m.topic == f"{BASE}/bridge/response/say" and body(m)["id"] == payload["id"],
+            WAIT_S,
+            since=since,
+        )
+        found: dict[str, Any] = body(answer)
+        return found
 
-    body: dict[str, Any] = probe.wait_for(is_answer, WAIT_S, since=since).json()
-    return body
+    def prerender_all(self, phrases: list[str]) -> dict[str, Any]:
+        """Queue `phrases` (one sentence each) and wait until the idle thread rendered them."""
+        queued = self.api("prerender", {"phrases": phrases, "voice": VOICE})
+        assert queued["status"] == "ok", queued
+        assert queued["data"]["queued_sentences"] == len(phrases), queued
+        deadline = time.monotonic() + WAIT_S
+        while True:
+            health: dict[str, Any] = self.api("health_check")["data"]
+            done = health["background_done"]["prerender"] == len(phrases)
+            if done and health["background_pending"] == 0:
+                return health
+            assert time.monotonic() < deadline, f"idle work not done in {WAIT_S} s: {health}"
+            time.sleep(0.1)
 
+    def assert_all_cached(self, phrases: list[str], others: int = 0) -> None:
+        """Every phrase is answered from the cache, which holds them and `others` entries."""
+        for i, text in enumerate(phrases):
+            answer = self.say({"text": text, "id": f"check-{i}", "voice": VOICE})
+            assert answer["status"] == "ok", answer
+            assert answer["data"]["cached"] is True, (text, answer)
+        stats = self.api("cache/stats")["data"]
+        assert stats["entries"] == len(phrases) + others, stats
 
-def _prerender_all(probe: MqttProbe, phrases: list[str]) -> dict[str, Any]:
-    """Queue `phrases` (one sentence each) and wait until the idle thread has rendered them."""
-    queued = _api(probe, "prerender", {"phrases": phrases, "voice": VOICE})
-    assert queued["status"] == "ok", queued
-    assert queued["data"]["queued_sentences"] == len(phrases), queued
-    deadline = time.monotonic() + WAIT_S
-    while True:
-        health: dict[str, Any] = _api(probe, "health_check")["data"]
-        done = health["background_done"]["prerender"] == len(phrases)
-        if done and health["background_pending"] == 0:
-            return health
-        assert time.monotonic() < deadline, f"idle work not done in {WAIT_S} s: {health}"
-        time.sleep(0.3)
+    def engine_loops(self) -> list[str]:
+        """The engine's log line for each code loop it ran (the texts, joined by ' | ')."""
+        return [m[1] for m in ENGINE_LOOP.finditer(self.log())]
 
-
-def _assert_all_cached(probe: MqttProbe, phrases: list[str], others: int = 0) -> None:
-    """Every phrase is answered from the cache, which holds them and `others` entries."""
-    for i, text in enumerate(phrases):
-        answer = _say(probe, {"text": text, "id": f"check-{i}", "voice": VOICE})
-        assert answer["status"] == "ok", answer
-        assert answer["data"]["cached"] is True, (text, answer)
-    stats = _api(probe, "cache/stats")["data"]
-    assert stats["entries"] == len(phrases) + others, stats
-
-
-def _engine_loops(bridge: RunningBridge) -> list[str]:
-    """The engine's log line for each code loop it ran (the texts, joined by ' | ')."""
-    log = bridge.log_path.read_text(encoding="utf-8", errors="replace")
-    return [m[1] for m in ENGINE_LOOP.finditer(log)]
-
-
-def _idle_batches(bridge: RunningBridge) -> list[tuple[str, int, str]]:
-    log = bridge.log_path.read_text(encoding="utf-8", errors="replace")
-    return [(m[1], int(m[2]), m[3]) for m in IDLE_BATCH.finditer(log)]
+    def idle_batches(self) -> list[tuple[str, int, str]]:
+        return [(m[1], int(m[2]), m[3]) for m in IDLE_BATCH.finditer(self.log())]
 
 
 def test_prerender_over_mqtt_renders_in_one_batch_and_caches_every_sentence(
-    export: Path, bridge_factory: BridgeFactory, probe_factory: ProbeFactory
+    export: Path, services: Services, caplog: pytest.LogCaptureFixture
 ) -> None:
     assert sum(expected_seconds(t) for t in SHORT) <= BATCH_MAX_AUDIO_S  # one batch holds all
-    bridge, probe = _start(bridge_factory, probe_factory, export, batch_size=4)
-    health = _prerender_all(probe, SHORT)
+    bridge = Running(services, caplog, export, batch_size=4)
+    health = bridge.prerender_all(SHORT)
     assert health["background_done"]["prerender"] == 4, health
-    assert _idle_batches(bridge) == [("prerender", 4, VOICE)], bridge.log_tail()
-    loops = _engine_loops(bridge)
+    assert bridge.idle_batches() == [("prerender", 4, VOICE)], bridge.log_tail()
+    loops = bridge.engine_loops()
     assert len(loops) == 1, loops  # one code loop for all four
     assert all(text in loops[0] for text in SHORT), loops
-    _assert_all_cached(probe, SHORT)
+    bridge.assert_all_cached(SHORT)
 
 
 def test_too_long_sentence_is_rendered_alone_and_all_are_cached(
-    export: Path, bridge_factory: BridgeFactory, probe_factory: ProbeFactory
+    export: Path, services: Services, caplog: pytest.LogCaptureFixture
 ) -> None:
     assert expected_seconds(LONG) > 25.0  # more than one generation
-    bridge, probe = _start(bridge_factory, probe_factory, export, batch_size=4)
+    bridge = Running(services, caplog, export, batch_size=4)
     phrases = [SHORT[0], LONG, *SHORT[1:3]]
-    health = _prerender_all(probe, phrases)
+    health = bridge.prerender_all(phrases)
     assert health["background_done"]["prerender"] == 4, health
     # The three short ones together; the long one on its own, in more than one generation.
-    assert _idle_batches(bridge) == [("prerender", 3, VOICE)], bridge.log_tail()
-    loops = _engine_loops(bridge)
+    assert bridge.idle_batches() == [("prerender", 3, VOICE)], bridge.log_tail()
+    loops = bridge.engine_loops()
     batched = [loop for loop in loops if " | " in loop]
     assert len(batched) == 1 and all(text in batched[0] for text in phrases[::2]), loops
     assert len(loops) >= 3, loops  # the batch, then at least two generations of LONG
-    _assert_all_cached(probe, phrases)
+    bridge.assert_all_cached(phrases)
 
 
 def test_batch_size_one_renders_one_sentence_at_a_time(
-    export: Path, bridge_factory: BridgeFactory, probe_factory: ProbeFactory
+    export: Path, services: Services, caplog: pytest.LogCaptureFixture
 ) -> None:
-    bridge, probe = _start(bridge_factory, probe_factory, export, batch_size=1)
-    health = _prerender_all(probe, SHORT)
+    bridge = Running(services, caplog, export, batch_size=1)
+    health = bridge.prerender_all(SHORT)
     assert health["background_done"]["prerender"] == 4, health
-    assert _idle_batches(bridge) == [], bridge.log_tail()
-    loops = _engine_loops(bridge)
+    assert bridge.idle_batches() == [], bridge.log_tail()
+    loops = bridge.engine_loops()
     assert len(loops) == 4 and not any(" | " in loop for loop in loops), loops
-    _assert_all_cached(probe, SHORT)
+    bridge.assert_all_cached(SHORT)
 
 
 def test_live_request_during_a_batch_is_answered(
-    slower_export: Path, bridge_factory: BridgeFactory, probe_factory: ProbeFactory
+    slower_export: Path, services: Services, caplog: pytest.LogCaptureFixture
 ) -> None:
-    bridge, probe = _start(bridge_factory, probe_factory, slower_export, batch_size=4)
-    queued = _api(probe, "prerender", {"phrases": SHORT, "voice": VOICE})
+    bridge = Running(services, caplog, slower_export, batch_size=4)
+    queued = bridge.api("prerender", {"phrases": SHORT, "voice": VOICE})
     assert queued["status"] == "ok", queued
     # As soon as the engine starts the batch's code loop, a live request arrives.
     deadline = time.monotonic() + WAIT_S
-    while not _engine_loops(bridge):
+    while not bridge.engine_loops():
         assert time.monotonic() < deadline, bridge.log_tail()
         time.sleep(0.02)
-    answer = _say(probe, {"text": "Someone is at the door.", "id": "live", "voice": VOICE})
+    answer = bridge.say({"text": "Someone is at the door.", "id": "live", "voice": VOICE})
     assert answer["status"] == "ok", answer
     assert answer["data"]["cached"] is False, answer
-    deadline = time.monotonic() + 10  # the bridge logs "done" just after it answers
-    while "Request live done" not in (log := bridge.log_path.read_text(encoding="utf-8")):
+    deadline = time.monotonic() + 10  # the service logs "done" just after it answers
+    while "Request live done" not in (log := bridge.log()):
         assert time.monotonic() < deadline, bridge.log_tail()
         time.sleep(0.05)
     first_loop = ENGINE_LOOP.search(log)
@@ -220,13 +221,13 @@ def test_live_request_during_a_batch_is_answered(
     # The interrupted batch stayed queued and is rendered whole at the next idle moment.
     deadline = time.monotonic() + WAIT_S
     while True:
-        health = _api(probe, "health_check")["data"]
+        health = bridge.api("health_check")["data"]
         if health["background_done"]["prerender"] == len(SHORT):
             break
         assert time.monotonic() < deadline, (health, bridge.log_tail())
         time.sleep(0.3)
     assert health["background_interrupted"] >= 1, health
-    _assert_all_cached(probe, SHORT, others=1)  # and the live request's sentence
+    bridge.assert_all_cached(SHORT, others=1)  # and the live request's sentence
 
 
 # -- Synthesizer.sentences_batch on its own -------------------------------------------------------
