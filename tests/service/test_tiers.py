@@ -8,6 +8,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import pytest
+
 from tests.support.fake import BASE, FakeConnection, Services, body, hold_worker
 from tts_bridge.service.app import Service
 
@@ -91,6 +93,7 @@ def test_huge_budget_keeps_quality_and_forced_tiers_are_honoured(services: Servi
     assert (bad["status"], bad["code"]) == ("error", "invalid_request"), bad
 
 
+@pytest.mark.slow  # thirty sentences rendered at idle priority
 def test_prerender_runs_at_idle_and_live_requests_go_first(services: Services) -> None:
     service, conn = services(scheduler=IDLE_FAST)
     phrases = [f"Background phrase number {i} is being rendered now." for i in range(30)]
