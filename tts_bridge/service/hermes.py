@@ -78,11 +78,11 @@ class HermesFrontEnd(MqttFrontEnd):
             _LOGGER.warning("Hermes request %s failed: %s", say.id, exc)
             self._error(say, f"synthesis failed: {exc}")
             return
+        self._pipeline.count_answer(job.route.tier)
         self._outbox.publish(
             OutgoingMessage(hermes.play_bytes_topic(say.site_id, say.id), rendering.wav)
         )
         self._tracker.track(say, rendering.duration_ms / 1000)
-        self._pipeline.count_answer(job.route.tier)
         _LOGGER.info(
             "Hermes request %s played on %s (%s tier)", say.id, say.site_id, job.route.tier
         )

@@ -193,9 +193,10 @@ class SayFrontEnd(MqttFrontEnd):
             "bytes": len(rendering.wav),
         }
         body = ok_response(request.id, data)
+        # Counted first: a client that reads health after its answer finds it counted.
+        self._pipeline.count_answer(job.route.tier, latency_ms)
         self._outbox.answer("say", body)
         self._finish(entry_id, body)
-        self._pipeline.count_answer(job.route.tier, latency_ms)
         _LOGGER.info(
             "Request %s done: %s tier, %s/%s, %d ms of audio, cached %d/%d, %.0f ms",
             request.id,
