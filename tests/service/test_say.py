@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -15,6 +16,7 @@ import pytest
 import soundfile
 
 from tests.support.fake import BASE, FakeConnection, Services, body, props
+from tts_bridge.engines.piper import bundled_model
 from tts_bridge.mqtt.client import OutgoingMessage
 
 SAY = f"{BASE}/say"
@@ -385,3 +387,34 @@ def test_bad_input_gets_error_and_service_keeps_serving(services: Services, case
         if m.topic.startswith(f"{BASE}/audio/") and props(m).get("id") != "good-1"
     ]
     assert not stray, f"audio was published for a rejected request: {[m.topic for m in stray]}"
+
+
+def test_a_bad_target_is_refused(conn: FakeConnection) -> None:
+    since = conn.mark()
+    message = conn.deliver(f"{SAY}/{'x' * 65}", json.dumps({"text": "Hello.", "id": "t-1"}))
+    error = wait_response(conn, since)  # the target is checked before the payload is read
+    assert_error(error, "invalid_target")
+    assert (message.mid, 1) in conn.acks
+    assert not [m for m in conn.published[since:] if m.topic.startswith(f"{BASE}/audio/")]
+
+
+def test_an_engine_failure_is_refused_as_synthesis_failed_and_journaled(
+    services: Services, tmp_path: Path
+) -> None:
+    # A real voice config beside a model file that is not an ONNX graph: loading it fails.
+    broken = tmp_path / "broken.onnx"
+    broken.write_bytes(b"this is not an ONNX model")
+    config = Path(f"{bundled_model()}.json")
+    Path(f"{broken}.json").write_bytes(config.read_bytes())
+    service, conn = services(
+        voices={"joe": {"engine": "piper"}, "broken": {"engine": "piper", "model": str(broken)}},
+        scheduler={"idle_enabled": False},
+    )
+    since = conn.mark()
+    conn.deliver(f"{SAY}/kitchen", json.dumps({"text": "Hello.", "id": "sf-1", "voice": "broken"}))
+    error = wait_response(conn, since, request_id="sf-1")
+    assert_error(error, "synthesis_failed")
+    assert not conn.on(f"{BASE}/audio/kitchen", since)
+    service.pipeline.scheduler.stop(10)  # the answer is journaled once the worker finishes
+    assert service.journal.unfinished() == [], "a refused request is finished in the journal"
+    assert service.reports.health()["answers"]["error"] == 1

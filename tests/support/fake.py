@@ -44,6 +44,8 @@ class FakeConnection:
         self.connected = threading.Event()
         self.packet_limit = packet_limit
         self.published: list[OutgoingMessage] = []
+        self.published_at: list[float] = []
+        """time.monotonic() of each publish, in the order of `published`."""
         self.acks: list[tuple[int, int]] = []
         self.subscriptions: list[str] = []
         self.final: OutgoingMessage | None = None
@@ -81,6 +83,7 @@ class FakeConnection:
             if limit is not None and len(message.payload) > limit:
                 self.oversized.append(message)
             self.published.append(message)
+            self.published_at.append(time.monotonic())
             self._changed.notify_all()
 
     def ack(self, mid: int, qos: int) -> None:
@@ -125,6 +128,11 @@ class FakeConnection:
         )
         self._on_message(message)
         return message
+
+    def time_of(self, message: OutgoingMessage) -> float:
+        """When `message` was published (time.monotonic())."""
+        with self._changed:
+            return self.published_at[next(i for i, m in enumerate(self.published) if m is message)]
 
     def mark(self) -> int:
         with self._changed:
