@@ -312,7 +312,7 @@ class Pipeline:
                     name=v.name,
                     languages=tuple(sorted(v.engine.languages)),
                     engine=v.engine.name,
-                    tier=v.engine.tier,
+                    tier=v.tier,
                     description=v.settings.description,
                     sample_rate=v.engine.sample_rate,
                     backend=v.backend,
