@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tts_bridge.text.normalize import detect_language, normalize
+from tts_bridge.text.normalize import DateOrder, detect_language, normalize
 
 ASCII_DIGIT = re.compile(r"[0-9]")
 
@@ -32,8 +32,8 @@ ENGLISH = [
     # times
     ("Washing machine finished at 7:30 pm", "Washing machine finished at seven thirty p m"),
     ("Wake-up alarm at 07:30", "Wake-up alarm at seven thirty"),
-    ("The bus leaves at 19:05.", "The bus leaves at nineteen oh five."),
-    ("Dinner at 19:00", "Dinner at nineteen hundred"),
+    ("The bus leaves at 19:05.", "The bus leaves at seven oh five p m."),
+    ("Dinner at 19:00", "Dinner at seven p m"),
     ("School starts at 8:00", "School starts at eight o'clock"),
     ("Lights off at 00:00", "Lights off at midnight"),
     ("Backup ran at 00:15", "Backup ran at twelve fifteen a m"),
@@ -98,6 +98,38 @@ ENGLISH = [
     ("Reading 3 of 10", "Reading three of ten"),
     ("1,000,000 steps!", "one million steps!"),
     ("Parking level -1", "Parking level minus one"),
+    # times: a 24-hour time is said the 12-hour way
+    ("The heating goes off at 23:00.", "The heating goes off at eleven p m."),
+    ("Quiet from 22:30", "Quiet from ten thirty p m"),
+    ("Lunch at 12:30", "Lunch at twelve thirty"),
+    # slashes: a date, a fraction, a score, all the time; never "slash"
+    ("Presents on 12/24", "Presents on December twenty-fourth"),
+    ("The tank is 3/4 full", "The tank is three quarters full"),
+    ("Rated 8/10 stars", "Rated eight out of ten stars"),
+    ("Monitoring runs 24/7", "Monitoring runs twenty-four seven"),
+    # phone, emergency, room and model numbers
+    ("In an emergency call 911", "In an emergency call nine one one"),
+    ("Dial 112 for help", "Dial one one two for help"),
+    ("Call 555-1234 now", "Call five five five one two three four now"),
+    ("Room 204 is unlocked", "Room two oh four is unlocked"),
+    ("Flat 1201 has a parcel", "Flat twelve oh one has a parcel"),
+    ("Zone 3 is armed", "Zone three is armed"),
+    ("The RTX 3090 is at 80°C", "The RTX thirty ninety is at eighty degrees Celsius"),
+    # durations, large numbers, negative ranges
+    ("Rinse for 30 s", "Rinse for thirty seconds"),
+    ("Wait 30s", "Wait thirty seconds"),
+    ("The timer has 90 sec left", "The timer has ninety seconds left"),
+    ("Music from the 90s", "Music from the nineties"),
+    ("Latency 250 ms", "Latency two hundred and fifty milliseconds"),
+    ("Population 2,500,000", "Population two million five hundred thousand"),
+    ("Tonight -5-0 °C", "Tonight minus five to zero degrees Celsius"),
+    ("Rain: 5-7 mm", "Rain: five to seven millimeters"),
+    ("Fill 10 l of water", "Fill ten liters of water"),
+    ("It costs ¥500", "It costs five hundred yuan"),
+    ("That is £2.05", "That is two pounds and five pence"),
+    ("Speed 30 mph", "Speed thirty miles per hour"),
+    # untouched
+    ("Visit example.com today", "Visit example.com today"),
 ]
 
 CHINESE = [
@@ -169,6 +201,14 @@ CHINESE = [
     ("楼层-1", "楼层负一"),
     ("2楼卫生间的灯开着", "二楼卫生间的灯开着"),
     ("温度２１度", "温度二十一度"),
+    ("等待30s", "等待三十秒"),
+    ("圣诞节是12/24", "圣诞节是十二月二十四日"),
+    ("水箱还有3/4满", "水箱还有四分之三满"),
+    ("房间号204", "房间号二零四"),
+    ("价格£2.05", "价格二点零五英镑"),
+    ("速度30mph", "速度三十英里每小时"),
+    ("延迟250ms", "延迟二百五十毫秒"),
+    ("水1 l", "水一升"),
 ]
 
 MIXED = [
@@ -201,6 +241,23 @@ def test_chinese(text: str, expected: str) -> None:
     if re.search(r"[\u4e00-\u9fff]", text):  # every number here touches CJK: lang is moot
         assert normalize(text) == expected
         assert normalize(text, "en") == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "order", "expected"),
+    [
+        ("Bins out on 1/12", "dmy", "Bins out on December first"),
+        ("Bins out on 1/12", "mdy", "Bins out on January twelfth"),
+        ("Due 01/12/2026", "dmy", "Due December first, twenty twenty-six"),
+        ("Due 01/12/2026", "mdy", "Due January twelfth, twenty twenty-six"),
+        # only one order is a valid date: taken whatever the setting
+        ("Presents on 12/24", "dmy", "Presents on December twenty-fourth"),
+        ("Presents on 24/12", "mdy", "Presents on December twenty-fourth"),
+        ("Invoice due 11/30/2026", "dmy", "Invoice due November thirtieth, twenty twenty-six"),
+    ],
+)
+def test_date_order(text: str, order: DateOrder, expected: str) -> None:
+    assert normalize(text, "en", date_order=order) == expected
 
 
 @pytest.mark.parametrize(("text", "lang", "expected"), MIXED)

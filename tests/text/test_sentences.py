@@ -87,3 +87,26 @@ def test_prepare_text_drops_unspeakable_fragments() -> None:
 )
 def test_drop_chattts_tags(text: str, spoken: str) -> None:
     assert drop_chattts_tags(text) == spoken
+
+
+@pytest.mark.parametrize(
+    ("text", "sentences"),
+    [
+        ("The bins go out at 7 p.m. tomorrow.", ["The bins go out at 7 p.m. tomorrow."]),
+        ("We leave at 7 p.m. Dinner is at 8.", ["We leave at 7 p.m.", "Dinner is at 8."]),
+        ("The U.S. grid is stable. Good.", ["The U.S. grid is stable.", "Good."]),
+        ("Prof. Lee is here.", ["Prof. Lee is here."]),
+        (
+            "Gen. Grant and Capt. Hook are at the door.",
+            ["Gen. Grant and Capt. Hook are at the door."],
+        ),
+        ("See Fig. 3 for the wiring. Thanks.", ["See Fig. 3 for the wiring.", "Thanks."]),
+        ("Dr. Miller called. It is 3.5 degrees.", ["Dr. Miller called.", "It is 3.5 degrees."]),
+        ("It was approx. 5 kWh, e.g. the dryer.", ["It was approx. 5 kWh, e.g. the dryer."]),
+        ("Collection on Dec. 5 at 9 a.m. sharp.", ["Collection on Dec. 5 at 9 a.m. sharp."]),
+        ("Lunch is at 12.30. Be on time.", ["Lunch is at 12.30.", "Be on time."]),
+        ("Arsenal vs. Chelsea is on. Enjoy.", ["Arsenal vs. Chelsea is on.", "Enjoy."]),
+    ],
+)
+def test_split_knows_abbreviations_and_initials(text: str, sentences: list[str]) -> None:
+    assert split_sentences(clean(text)) == sentences

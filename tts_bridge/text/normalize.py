@@ -23,10 +23,11 @@ Readings (English / Chinese):
 - percentages: "45%" -> "forty-five percent" / "百分之四十五";
 - temperatures: "21.5°C" -> "twenty-one point five degrees Celsius" / "二十一点五摄氏度",
   "70°F" -> "... degrees Fahrenheit" / "七十华氏度", "21.5度" -> "二十一点五度";
-- times are read as written, 12- or 24-hour: "07:30" -> "seven thirty", "19:05" -> "nineteen oh
-  five", "7:00" -> "seven o'clock", "19:00" -> "nineteen hundred", "00:00" -> "midnight",
-  "00:15" -> "twelve fifteen a m", "7:30 pm" -> "seven thirty p m"; Chinese: "七点三十分",
-  "十九点零五分", "七点", "两点" (2 o'clock), "7:30 pm" -> "晚上七点三十分";
+- times are read the 12-hour way in English, as people say them: "07:30" -> "seven thirty",
+  "19:05" -> "seven oh five p m", "7:00" -> "seven o'clock", "23:00" -> "eleven p m" (never
+  "twenty-three hundred"), "00:00" -> "midnight", "00:15" -> "twelve fifteen a m", "7:30 pm" ->
+  "seven thirty p m"; Chinese as written: "七点三十分", "十九点零五分", "七点", "两点" (2 o'clock),
+  "7:30 pm" -> "晚上七点三十分";
 - dates, whatever the input order, are read "November thirtieth, twenty twenty-six" /
   "二零二六年十一月三十日". Accepted: ISO "2026-11-30" (also with / or .), "2026-11" (a month),
   and day-first "30/11/2026" (also with - or .); a day-first date is read month-first only when
@@ -50,6 +51,7 @@ Full-width digits (０-９) are read like ASCII digits. The output contains no A
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 from collections.abc import Callable
@@ -197,11 +199,15 @@ _UNITS: Final = (
     _Unit("ppm", "plain", ("part per million", "parts per million"), "百万分之", zh_prefix=True),
     _Unit("ppb", "plain", ("part per billion", "parts per billion"), "十亿分之", zh_prefix=True),
     _Unit("dB", "plain", ("decibel", "decibels"), "分贝"),
-    _Unit("min", "plain", ("minute", "minutes"), "分钟"),
+    _Unit("ms", "plain", ("millisecond", "milliseconds"), "毫秒"),
+    _Unit("min|mins", "plain", ("minute", "minutes"), "分钟"),
+    _Unit("hr|hrs", "plain", ("hour", "hours"), "小时"),
+    _Unit("sec|secs", "plain", ("second", "seconds"), "秒"),
     _Unit("m", "plain", ("meter", "meters"), "米"),
     _Unit("g", "plain", ("gram", "grams"), "克"),
     _Unit("l|L", "plain", ("liter", "liters"), "升"),
     _Unit("h", "plain", ("hour", "hours"), "小时"),
+    _Unit("s", "plain", ("second", "seconds"), "秒"),
 )
 
 
@@ -220,6 +226,23 @@ _EN_CODE_CONTEXT = re.compile(
     r"\b(?:code|pin|passcode|password|otp|extension|ext\.?)\s*(?:is\s+|was\s+|[:#=]\s*)?$",
     re.IGNORECASE,
 )
+# Words after which a number of three or more digits is a phone number ("call 911").
+_EN_PHONE_CONTEXT = re.compile(
+    r"\b(?:call|calls|calling|called|dial|dialing|ring|phone|number|hotline|tel\.?)"
+    r"\s*(?:is\s+|was\s+|[:#=]\s*)?$",
+    re.IGNORECASE,
+)
+# Emergency numbers are said digit by digit wherever they stand.
+_EMERGENCY_NUMBERS = frozenset({"911"})
+# Rooms, flats and zones of three or four digits are said in pairs or digits, with "oh" for a
+# zero: "room two oh four", "flat twelve oh one"; one or two digits stay a number ("zone three").
+_EN_ROOM_CONTEXT = re.compile(
+    r"\b(?:room|rm\.?|flat|apartment|apt\.?|suite|unit|zone|gate|platform|door|office|cabin|"
+    r"ward|bay|locker|seat|cell)\s*(?:no\.?\s*|number\s+|#\s*)?$",
+    re.IGNORECASE,
+)
+# A product written in capitals before its number: "RTX 3090" is "RTX thirty ninety".
+_EN_MODEL_CONTEXT = re.compile(r"(?<![A-Za-z])[A-Z]{2,}[ -]?$")
 _ZH_CODE_CONTEXT = re.compile(
     r"(?:验证码|密码|取件码|取货码|提货码|编号|工号|尾号|号码|电话|手机号?|房间号|门牌号|车牌号?)"
     r"\s*(?:是|为|[:：])?\s*$"
@@ -392,11 +415,59 @@ def _render_date_ymd(match: re.Match[str], lang: Lang) -> str | None:
     return _date(int(match["y"]), int(match["m"]), int(match["d"]), lang)
 
 
-def _render_date_dmy(match: re.Match[str], lang: Lang) -> str | None:
+DateOrder = Literal["dmy", "mdy"]
+"""How a numeric date without a year-first form is read: "1/12" is 1 December (dmy) or
+January 12th (mdy). The other order is taken when it is the only valid one ("12/24")."""
+
+
+def _day_month(first: int, second: int, order: DateOrder) -> tuple[int, int] | None:
+    day, month = (first, second) if order == "dmy" else (second, first)
+    if not (1 <= month <= 12 and 1 <= day <= 31):
+        day, month = month, day
+    return (day, month) if 1 <= month <= 12 and 1 <= day <= 31 else None
+
+
+def _render_date_dmy(match: re.Match[str], lang: Lang, order: DateOrder = "dmy") -> str | None:
+    found = _day_month(int(match["a"]), int(match["b"]), order)
+    return None if found is None else _date(int(match["y"]), found[1], found[0], lang)
+
+
+_EN_FRACTIONS: Final = {2: ("half", "halves"), 4: ("quarter", "quarters")}
+# A slash read as a fraction before these words ("3/4 of the tank").
+_FRACTION_NEXT = re.compile(
+    r"\s+(?:of|full|empty|cups?|tanks?|teaspoons?|tablespoons?)\b|\s?(?:满|的|杯|箱)"
+)
+_OUT_OF_NEXT = re.compile(r"\s*(?:stars?|points?|marks?)\b")
+
+
+def _fraction(numerator: int, denominator: int, lang: Lang) -> str:
+    if lang == "zh":
+        return f"{_zh_int(str(denominator))}分之{_zh_int(str(numerator))}"
+    names = _EN_FRACTIONS.get(denominator)
+    if names is None:
+        ordinal = _en_ordinal(str(denominator))
+        names = (ordinal, ordinal + "s")
+    return f"{_en_int(str(numerator))} {names[0 if numerator == 1 else 1]}"
+
+
+def _render_slash(match: re.Match[str], lang: Lang, order: DateOrder = "dmy") -> str | None:
+    """ "12/24" is a date (in ``order``), "3/4 of" a fraction, "8/10" a score, "24/7" all the
+    time; a slash is never read out."""
     first, second = int(match["a"]), int(match["b"])
-    if second > 12 >= first:  # only month-first is valid: "11/30/2026"
-        first, second = second, first
-    return _date(int(match["y"]), second, first, lang)
+    text, end = match.string, match.end()
+    if (first, second) == (24, 7):
+        return "twenty-four seven" if lang == "en" else "全天候"
+    if 0 < first < second <= 10 and _FRACTION_NEXT.match(text, end):
+        return _fraction(first, second, lang)
+    found = None if _OUT_OF_NEXT.match(text, end) else _day_month(first, second, order)
+    if found is None:
+        if lang == "zh":
+            return f"{_zh_int(str(second))}分之{_zh_int(str(first))}"
+        return f"{_en_int(str(first))} out of {_en_int(str(second))}"
+    day, month = found
+    if lang == "zh":
+        return f"{_zh_int(str(month))}月{_zh_int(str(day))}日"
+    return f"{_MONTHS[month - 1]} {_en_ordinal(str(day))}"
 
 
 def _render_year_month(match: re.Match[str], lang: Lang) -> str | None:
@@ -407,16 +478,15 @@ def _en_time(hour: int, minute: int, second: int | None, ampm: str | None) -> st
     suffix = f" {ampm} m" if ampm else ""
     if hour in (0, 24) and minute == 0 and not second and not ampm:
         return "midnight"
-    if hour == 0:  # only a 24-hour clock writes 00:15; say it the 12-hour way
+    # A 24-hour time is said the 12-hour way, as people in a home say it: "23:00" is "eleven
+    # p m" (not the military "twenty-three hundred"); "00:15" is "twelve fifteen a m".
+    if hour == 0:
         hour, suffix = 12, " a m"
+    elif 12 < hour < 24 and not ampm:
+        hour, suffix = hour - 12, " p m"
     hour_words = _en_int(str(hour))
     if minute == 0:
-        if suffix:
-            words = hour_words
-        elif hour <= 12:
-            words = f"{hour_words} o'clock"
-        else:
-            words = f"{hour_words} hundred"
+        words = hour_words if suffix else f"{hour_words} o'clock"
     elif minute < 10:
         words = f"{hour_words} oh {_en_int(str(minute))}"
     else:
@@ -536,8 +606,14 @@ def _render_hash_number(match: re.Match[str], lang: Lang) -> str:
     return "number " + _en_int(match["num"])
 
 
-def _render_decade(match: re.Match[str], lang: Lang) -> str:
+_DECADE_BEFORE = re.compile(r"\b(?i:the|early|mid|late|her|his|their|my|your|our)[ -]$")
+
+
+def _render_decade(match: re.Match[str], lang: Lang) -> str | None:
     digits = match["num"]
+    # "the 90s" is a decade, "wait 30s" thirty seconds.
+    if len(digits) == 2 and not _DECADE_BEFORE.search(match.string, 0, match.start()):
+        return None
     if lang == "zh":
         year = digits if len(digits) == 4 else "19" + digits
         return _zh_digits(year) + "年代"
@@ -576,13 +652,46 @@ def _with_unit(sign: str | None, number: str, unit: _Unit, lang: Lang) -> str:
     return _sign_word(sign, lang) + words + unit.zh
 
 
+def _en_pair(pair: str, last: bool) -> str:
+    if pair == "00" and last:
+        return "hundred"
+    if pair.startswith("0"):
+        return "oh " + _en_int(pair[1])
+    return _en_int(pair)
+
+
+def _en_pairs(digits: str) -> str:
+    """Three or four digits as a room or a model number is said: "204" -> "two oh four",
+    "1201" -> "twelve oh one", "3090" -> "thirty ninety", "300" -> "three hundred"."""
+    if len(digits) not in (3, 4) or (len(digits) == 4 and digits.endswith("000")):
+        return _en_int(digits)
+    head, tail = digits[:-2], digits[-2:]
+    return f"{_en_int(head)} {_en_pair(tail, last=True)}"
+
+
+def _said_as_digits(number: str, before: str, lang: Lang) -> str | None:
+    """A code, phone, emergency, room or model number as people say it, from the words before
+    it; None for a quantity."""
+    if _EN_CODE_CONTEXT.search(before) or _ZH_CODE_CONTEXT.search(before):
+        return _digits(number, lang)
+    if lang != "en":
+        return None
+    if number in _EMERGENCY_NUMBERS or (len(number) >= 3 and _EN_PHONE_CONTEXT.search(before)):
+        return _en_digits(number)
+    pairs = len(number) in (3, 4) and not _has_leading_zero(number)
+    if pairs and (_EN_ROOM_CONTEXT.search(before) or _EN_MODEL_CONTEXT.search(before)):
+        return _en_pairs(number)
+    return None
+
+
 def _bare_number(match: re.Match[str], lang: Lang) -> str:
     sign, number = match["sign"], match["num"]
     text, start, end = match.string, match.start(), match.end()
     if not sign and "," not in number and "." not in number:
         before = text[max(0, start - 40) : start]
-        if _EN_CODE_CONTEXT.search(before) or _ZH_CODE_CONTEXT.search(before):
-            return _digits(number, lang)
+        said = _said_as_digits(number, before, lang)
+        if said is not None:
+            return said
         if _is_year(number):
             if lang == "en" and _EN_YEAR_CONTEXT.search(before):
                 return _en_year(int(number))
@@ -608,7 +717,8 @@ def _year_range(match: re.Match[str], lang: Lang) -> str | None:
 
 def _range(match: re.Match[str], unit: _Unit | None, lang: Lang) -> str:
     sign, first, sign2, second = match["sign"], match["num"], match["sign2"], match["num2"]
-    if _has_leading_zero(first) or _has_leading_zero(second):  # "06-1234": a phone number
+    phone = unit is None and not sign and not sign2 and len(first) == 3 and len(second) == 4
+    if phone or _has_leading_zero(first) or _has_leading_zero(second):  # "06-1234", "555-1234"
         return " ".join(
             _digits(n, lang) if n.isdigit() else _number(n, lang) for n in (first, second)
         )
@@ -685,6 +795,11 @@ _RULES: Final = (
         "hour_ampm",
         re.compile(rf"(?<![0-9.:,])(?P<h>[0-9]{{1,2}})(?P<mi>)(?P<s>)\s?{_AMPM}"),
         _render_hour_ampm,
+    ),
+    _Rule(
+        "slash",
+        re.compile(r"(?<![0-9/.,:])(?P<a>[0-9]{1,2})/(?P<b>[0-9]{1,2})(?![0-9]|[/.,:][0-9])"),
+        _render_slash,
     ),
     _Rule("dotted", re.compile(r"(?<![0-9.])[0-9]+(?:\.[0-9]+){2,}"), _render_dotted),
     _Rule(
@@ -769,21 +884,38 @@ def _pad(spoken: str, text: str, start: int, end: int) -> str:
     return spoken
 
 
-def normalize(text: str, lang: str | None = None) -> str:
+def _rules_for(order: DateOrder) -> tuple[_Rule, ...]:
+    dated: dict[str, Render] = {
+        "date_dmy": functools.partial(_render_date_dmy, order=order),
+        "slash": functools.partial(_render_slash, order=order),
+    }
+    return tuple(
+        _Rule(rule.name, rule.pattern, dated.get(rule.name, rule.render)) for rule in _RULES
+    )
+
+
+_RULES_BY_ORDER: Final[dict[str, tuple[_Rule, ...]]] = {
+    order: _rules_for(order) for order in ("dmy", "mdy")
+}
+
+
+def normalize(text: str, lang: str | None = None, *, date_order: DateOrder = "dmy") -> str:
     """Return ``text`` with every number, time, date, unit and amount spelled out in words.
 
     ``lang`` ("en", "zh", a tag such as "zh-CN", or None to detect) is the reading for numbers that
     do not touch CJK characters; numbers next to CJK characters are always read in Chinese.
-    Raises ValueError for a language other than English or Chinese.
+    ``date_order`` reads numeric dates such as "1/12" or "01/12/2026" day first (1 December) or
+    month first (January 12th). Raises ValueError for a language other than English or Chinese.
     """
+    rules = _RULES_BY_ORDER[date_order]
     default = _resolve_lang(lang) or detect_language(text)
     text = _FULLWIDTH_DIGIT.sub(lambda m: chr(ord(m[0]) - 0xFEE0), text)
     pieces: list[str] = []
     pos = 0
     # Next match of each rule at or after pos; None once a rule has no match left.
-    upcoming: list[re.Match[str] | None] = [rule.pattern.search(text) for rule in _RULES]
+    upcoming: list[re.Match[str] | None] = [rule.pattern.search(text) for rule in rules]
     while True:
-        for index, rule in enumerate(_RULES):
+        for index, rule in enumerate(rules):
             found = upcoming[index]
             if found is not None and found.start() < pos:
                 upcoming[index] = rule.pattern.search(text, pos)
@@ -796,7 +928,7 @@ def normalize(text: str, lang: str | None = None) -> str:
             found = upcoming[index]
             assert found is not None
             span_lang = _span_lang(text, found.start(), found.end(), default)
-            spoken = _RULES[index].render(found, span_lang)
+            spoken = rules[index].render(found, span_lang)
             if spoken is not None:
                 if span_lang == "en":
                     spoken = _pad(spoken, text, found.start(), found.end())

@@ -12,9 +12,20 @@ _SENTENCE_END = re.compile(
     """,
     re.VERBOSE,
 )
+# Words written with a dot that do not end a sentence: titles, street types, "approx.", months.
 _ABBREVIATIONS = frozenset(
-    {"mr", "mrs", "ms", "dr", "st", "no", "vs", "etc", "e.g", "i.e", "approx", "min", "max", "jr"}
+    {
+        *("mr", "mrs", "ms", "dr", "prof", "gen", "capt", "sgt", "lt", "col", "rev", "mt"),
+        *("st", "ave", "rd", "blvd", "ln", "jr", "sr"),
+        *("no", "nr", "vs", "etc", "approx", "incl", "min", "max", "fig", "figs", "dept"),
+        *("appt", "tel", "ext", "ca", "cf", "al", "esp", "est"),
+        *("jan", "feb", "mar", "apr", "jun", "jul", "aug", "sep", "sept", "oct", "nov", "dec"),
+    }
 )
+# Letters with dots: "U.S.", "e.g.", "p.m."; only a.m. and p.m. may end a sentence (before a
+# capital: "We leave at 7 p.m. Dinner is at 8.").
+_INITIALISM = re.compile(r"(?:[a-z]\.)+[a-z]")
+_CLOCK_PERIODS = frozenset({"a.m", "p.m"})
 _WHITESPACE = re.compile(r"\s+")
 _CJK = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
 # Categories that carry something a voice can say: letters and digits.
@@ -58,13 +69,18 @@ def is_speakable(text: str) -> bool:
     return any(unicodedata.category(c)[0] in _SPEAKABLE_CATEGORIES for c in text)
 
 
-def _ends_sentence(text: str, end: int) -> bool:
-    """False after an abbreviation ("Dr. Smith") or a single initial ("J. Smith")."""
+def _ends_sentence(text: str, end: int, next_start: int) -> bool:
+    """False after an abbreviation ("Dr. Smith", "Prof. Lee"), a single initial ("J. Smith") or
+    letters with dots ("the U.S. grid", "at 7 p.m. tomorrow")."""
     if text[end - 1] != ".":
         return True
     start = text.rfind(" ", 0, end - 1) + 1
     word = text[start : end - 1].lstrip("(\"'“‘").lower()
-    return not (word in _ABBREVIATIONS or (len(word) == 1 and word.isalpha()))
+    if word in _ABBREVIATIONS or (len(word) == 1 and word.isalpha()):
+        return False
+    if _INITIALISM.fullmatch(word):
+        return word in _CLOCK_PERIODS and text[next_start : next_start + 1].isupper()
+    return True
 
 
 def split_sentences(text: str) -> list[str]:
@@ -72,7 +88,7 @@ def split_sentences(text: str) -> list[str]:
     out: list[str] = []
     cut = 0
     for match in _SENTENCE_END.finditer(text):
-        if match.start() <= cut or not _ends_sentence(text, match.start()):
+        if match.start() <= cut or not _ends_sentence(text, match.start(), match.end()):
             continue
         piece = text[cut : match.end()].strip()
         if piece:
