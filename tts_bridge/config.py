@@ -172,6 +172,9 @@ class SynthesisSettings(_Section):
     expects to share them (a cgroup CPU quota, or more busy threads than CPUs)."""
     sentence_pause_ms: int = Field(250, ge=0, le=5000)
     """Silence placed between sentences when a message is assembled."""
+    date_order: Literal["dmy", "mdy"] = "dmy"
+    """How a numeric date is read when both orders are valid: "1/12" is 1 December (dmy) or
+    January 12th (mdy)."""
 
     @field_validator("onnx_spinning", mode="before")
     @classmethod

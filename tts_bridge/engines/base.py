@@ -20,6 +20,12 @@ import numpy.typing as npt
 
 Tier = Literal["quality", "fast"]
 FloatAudio = npt.NDArray[np.float32]
+FrontEnd = Literal["none", "numbers", "english"]
+"""What an engine's phonemizer needs done to a sentence before its ``prepare_text``, declared as
+an optional ``front_end`` attribute ("none" when absent); the result is also the sentence's
+cache key. "numbers": numbers, units and dates spelled out in the language they are written in
+(ChatTTS); "english": that in English, plus abbreviations, units without a number and Chinese
+names in pinyin (an English-only phonemizer: Piper, hibari)."""
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from tts_bridge.engines.base import EngineError, FloatAudio, SynthesisOptions
+from tts_bridge.engines.base import EngineError, FloatAudio, FrontEnd, SynthesisOptions
 from tts_bridge.engines.catalog import EngineContext, EngineSpec, register
 from tts_bridge.text.sentences import drop_chattts_tags
 
@@ -37,6 +37,7 @@ class HibariEngine:
 
     name = "hibari"
     languages = LANGUAGES
+    front_end: FrontEnd = "english"
 
     def __init__(self, model: Path | None, model_sha256: str, threads: int) -> None:
         self._model = model or bundled_model()

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from tts_bridge.engines.base import EngineError, FloatAudio, SynthesisOptions
+from tts_bridge.engines.base import EngineError, FloatAudio, FrontEnd, SynthesisOptions
 from tts_bridge.engines.catalog import EngineContext, EngineSpec, register
 from tts_bridge.text.sentences import drop_chattts_tags
 
@@ -58,6 +58,12 @@ class PiperEngine:
     @property
     def loaded(self) -> bool:
         return self._voice is not None
+
+    @property
+    def front_end(self) -> FrontEnd:
+        # espeak reads "kWh" as letters and "Dr." as a sentence end; the English readings are
+        # wrong for another language's voice, which gets its text as written.
+        return "english" if self.languages == {"en"} else "none"
 
     @staticmethod
     def prepare_text(text: str) -> str:

@@ -192,6 +192,8 @@ class SayFrontEnd(MqttFrontEnd):
             "latency_ms": latency_ms,
             "bytes": len(rendering.wav),
         }
+        if rendering.sentence_voices:  # a Chinese sentence went to a voice that speaks it
+            data["sentence_voices"] = list(rendering.sentence_voices)
         body = ok_response(request.id, data)
         # Counted first: a client that reads health after its answer finds it counted.
         self._pipeline.count_answer(job.route.tier, latency_ms)

@@ -30,6 +30,8 @@ from tts_bridge.engines.base import (
 from tts_bridge.engines.registry import BackendFallbackError, EnginePool, Voice
 from tts_bridge.speech.cache import CacheKey, SentenceCache
 from tts_bridge.speech.routing import CostEstimator
+from tts_bridge.text.english import for_english_voice
+from tts_bridge.text.normalize import detect_language, normalize
 from tts_bridge.text.sentences import (
     clean,
     has_cjk,
@@ -111,6 +113,9 @@ class Rendering:
     cached_sentences: int
     synth_seconds: float = 0.0
     timings: dict[str, float] = field(default_factory=dict)
+    sentence_voices: tuple[str, ...] = ()
+    """The voice of each sentence, when some were spoken by another voice than `voice` (a
+    Chinese sentence in an English voice's request); empty when `voice` spoke them all."""
 
     @property
     def cached(self) -> bool:
@@ -144,6 +149,9 @@ class Plan:
     """The request's own synthesis options (applied to whichever voice answers)."""
     options: SynthesisOptions
     """The options for `voice`, validated."""
+    others: tuple[Voice | None, ...] = ()
+    """Per sentence, the voice that speaks it instead of the rendering voice because that one
+    does not speak its language (None: the rendering voice); empty when there is none."""
 
 
 class EngineStats:
@@ -182,9 +190,22 @@ class Synthesizer:
         self.estimator = estimator or CostEstimator()
         self.stats = EngineStats()
 
+    def front_text(self, engine: Engine, sentence: str) -> str:
+        """The sentence as the engine's phonemizer needs it (its `front_end`, see
+        `tts_bridge.engines.base.FrontEnd`): what the engine is given and what its cache key
+        holds, so that a changed reading renders fresh audio, and a sentence the front end
+        leaves alone keeps its key."""
+        front = getattr(engine, "front_end", "none")
+        order = self._settings.synthesis.date_order
+        if front == "english":
+            return for_english_voice(sentence, date_order=order)
+        if front == "numbers":
+            return normalize(sentence, date_order=order)
+        return sentence
+
     def _key(self, voice: Voice, sentence: str, options: SynthesisOptions) -> CacheKey:
         return CacheKey(
-            sentence=sentence,
+            sentence=self.front_text(voice.engine, sentence),
             engine=voice.engine.identity,
             voice=voice.name,
             speaker=voice.speaker,
@@ -271,7 +292,9 @@ class Synthesizer:
         started = time.perf_counter()
         # A sentence the engine's text preparation leaves nothing to say in ("[laugh]" for
         # Piper) is silence.
-        spoken = voice.engine.prepare_text(text)
+        spoken = voice.engine.prepare_text(self.front_text(voice.engine, text))
+        if spoken != text:
+            _LOGGER.debug("Voice %s is given %r", voice.name, spoken[:120])
         chunks: list[FloatAudio] = []
         held: FloatAudio | None = None  # the newest piece, until we know whether it is the last
         sent = 0
@@ -364,14 +387,48 @@ class Synthesizer:
         """
         voice = self.engines.voice(voice_name)
         sentences = prepare_text(text, self._settings.limits.max_text_chars)
-        spoken = lang or ("zh" if any(map(has_cjk, sentences)) else None)
-        if spoken is not None and spoken not in voice.engine.languages:
+        if lang is not None:  # asked for: the whole text, by this voice
+            self._check_language(voice, lang)
+            return Plan(
+                voice, sentences, lang, dict(options or {}), self.options_for(voice, options)
+            )
+        # Each sentence's language is what most of it is: an English sentence with a Chinese name
+        # is English (its voice reads the name in pinyin); a Chinese sentence goes to a voice
+        # that speaks Chinese when this one does not.
+        chinese = [has_cjk(s) and detect_language(s) == "zh" for s in sentences]
+        others: list[Voice | None] = [None] * len(sentences)
+        if any(chinese) and "zh" not in voice.engine.languages:
+            other = self._voice_speaking("zh")
+            if other is None:
+                self._check_language(voice, "zh")  # raises: no voice here speaks Chinese
+            others = [other if c else None for c in chinese]
+        spoken = (
+            "zh" if any(c and o is None for c, o in zip(chinese, others, strict=True)) else None
+        )
+        return Plan(
+            voice,
+            sentences,
+            spoken,
+            dict(options or {}),
+            self.options_for(voice, options),
+            tuple(others) if any(others) else (),
+        )
+
+    @staticmethod
+    def _check_language(voice: Voice, lang: str) -> None:
+        if lang not in voice.engine.languages:
             raise RequestError(
                 "unsupported_language",
                 f"voice {voice.name!r} speaks {', '.join(sorted(voice.engine.languages))}, "
-                f"not {spoken!r}",
+                f"not {lang!r}",
             )
-        return Plan(voice, sentences, spoken, dict(options or {}), self.options_for(voice, options))
+
+    def _voice_speaking(self, lang: str) -> Voice | None:
+        """The first configured voice that speaks ``lang`` (the default voice first)."""
+        default = self.engines.voice(None)
+        if lang in default.engine.languages:
+            return default
+        return next((v for v in self.engines if lang in v.engine.languages), None)
 
     def options_for_plan(self, voice: Voice, plan: Plan) -> SynthesisOptions:
         """The options `voice` renders `plan` with: the plan's own for its voice; for the fast
@@ -420,7 +477,15 @@ class Synthesizer:
         cached = 0
         started = time.perf_counter()
         for index, sentence in enumerate(plan.sentences):
-            piece = self.sentence(voice, index, sentence, options, use_cache, on_part=numbering)
+            other = plan.others[index] if plan.others else None
+            if other is not None and other is not voice:
+                piece = self._sentence_by(
+                    other, plan, index, sample_rate=sample_rate, use_cache=use_cache
+                )
+                if numbering is not None:
+                    numbering(AudioPart(0, index, piece.pcm, piece.cached, last=True))
+            else:
+                piece = self.sentence(voice, index, sentence, options, use_cache, on_part=numbering)
             cached += piece.cached
             if on_sentence is not None:
                 on_sentence(piece)
@@ -442,7 +507,18 @@ class Synthesizer:
             sentences=len(plan.sentences),
             cached_sentences=cached,
             synth_seconds=time.perf_counter() - started,
+            sentence_voices=tuple((o or voice).name for o in plan.others),
         )
+
+    def _sentence_by(
+        self, other: Voice, plan: Plan, index: int, *, sample_rate: int, use_cache: bool
+    ) -> SentenceAudio:
+        """A sentence spoken by another voice than the request's, at the request's rate (one
+        part when streamed: resampled whole, so the stream joins to the one-WAV answer)."""
+        options = self.options_for_plan(other, plan)
+        piece = self.sentence(other, index, plan.sentences[index], options, use_cache)
+        pcm = audio.resample(piece.pcm, other.engine.sample_rate, sample_rate)
+        return dataclasses.replace(piece, pcm=pcm)
 
     def sentences_batch(
         self, voice: Voice, texts: list[str], options: SynthesisOptions
@@ -473,7 +549,9 @@ class Synthesizer:
                 alone.append(index)
                 continue
             # Split as the engine's own `synthesize` splits what `sentence` gives it.
-            pieces = batching.generations(batching.prepare_text(text), options)
+            pieces = batching.generations(
+                batching.prepare_text(self.front_text(engine, text)), options
+            )
             if len(pieces) > 1:
                 alone.append(index)
             else:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, ClassVar, Generic, TypeVar
 
-from tts_bridge.engines.base import EngineError, SynthesisOptions, Tier
+from tts_bridge.engines.base import EngineError, FrontEnd, SynthesisOptions, Tier
 from tts_bridge.engines.chattts.speaker import (
     SPK_STAT_FORMAT,
     SpeakerStats,
@@ -297,6 +297,7 @@ class ChatTTSEngineBase(abc.ABC, Generic[LoadedT]):
     tier: Tier
     languages = frozenset({"zh", "en"})
     options_type = ChatTTSOptions
+    front_end: FrontEnd = "numbers"
 
     _label: ClassVar[str]
     """The engine as error messages name it: 'ChatTTS', 'ChatTTS ONNX'."""
