@@ -27,6 +27,7 @@ _LOGGER = logging.getLogger(__name__)
 EXIT_CONFIG = 2
 DEFAULT_BENCH_OUT = Path("bench/results/bench.json")
 DEFAULT_CHATTTS_BENCH_OUT = Path("bench/results/chattts")
+DEFAULT_WER_OUT = Path("bench/results/wer.json")
 
 
 def _setup_logging(settings: Settings | None, debug: bool) -> None:
@@ -284,6 +285,11 @@ def cmd_doctor(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
+    if args.wer:
+        from tts_bridge.bench.wer import run_wer_bench
+
+        run_wer_bench(settings, args.out if args.out != DEFAULT_BENCH_OUT else DEFAULT_WER_OUT)
+        return 0
     if args.chattts:
         from tts_bridge.bench.chattts import run_chattts_bench
 
@@ -391,6 +397,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument(
         "--rounds", type=int, default=1, help="interleaved rounds, best kept (--chattts)"
+    )
+    bench.add_argument(
+        "--wer",
+        action="store_true",
+        help="word error rate of joe and heart on home announcements, plain vs bridge "
+        "(needs the bench extra)",
     )
     bench.add_argument("--skip-mqtt", action="store_true", help="only the engine measurements")
     bench.add_argument("--burst", type=int, default=12, help="live requests in the routing burst")
