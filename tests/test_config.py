@@ -159,3 +159,18 @@ def test_chattts_backend_setting(tmp_path: Path) -> None:
         "auto",
         "auto",
     )
+
+
+def test_http_section_defaults_and_errors() -> None:
+    http = load_settings(environ={}).http
+    assert (http.enabled, http.port, http.base_url) == (True, 10201, None)
+    assert http.format.container == "mp3" and http.format.sample_rate == 44100
+    env = {"TTS_BRIDGE_HTTP__BASE_URL": "http://192.168.1.20:10201/", "TTS_BRIDGE_HTTP__PORT": "0"}
+    http = load_settings(environ=env).http
+    assert (http.base_url, http.port) == ("http://192.168.1.20:10201", 0)
+    with pytest.raises(ConfigError, match=r"http\.base_url: .*http:// or https://"):
+        load_settings(overrides={"http": {"base_url": "ftp://x"}}, environ={})
+    with pytest.raises(ConfigError, match=r"http\.format: .*opus supports sample rates"):
+        load_settings(
+            overrides={"http": {"format": {"format": "opus", "sample_rate": 44100}}}, environ={}
+        )

@@ -18,6 +18,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from tts_bridge.engines import catalog
+from tts_bridge.formats import AudioFormat, AudioFormatField
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -311,6 +312,45 @@ class HermesSettings(_Section):
     """Voice for Hermes requests; empty = the default voice."""
 
 
+class HttpSettings(_Section):
+    enabled: bool = True
+    """Serve each answer's audio over HTTP at an unguessable URL (speakers that play URLs)."""
+    host: str = "0.0.0.0"
+    """Address to listen on; speakers on the LAN must reach it (127.0.0.1 = this machine only)."""
+    port: int = Field(10201, ge=0, le=65535)
+    """Port to listen on (0 = any free port, for tests)."""
+    base_url: str | None = None
+    """URL prefix speakers use to reach this server, e.g. http://192.168.1.20:10201 (behind a
+    proxy or NAT); empty = http://<host, or this machine's LAN address>:<port>."""
+    ttl_s: int = Field(3600, ge=10, le=30 * 86400)
+    """How long an audio URL keeps working after its audio was last published."""
+    max_mb: int = Field(64, ge=1)
+    """Upper bound of the encoded audio kept on disk; what expires soonest goes first."""
+    dir: Path | None = None
+    """Folder of the encoded audio files (0700); empty = 'http' inside cache.dir."""
+    secret_file: Path | None = None
+    """Key that derives the URLs (made at first start, 0600), so a cached sentence keeps its URL
+    across restarts; empty = 'http.key' in the folder of journal.path (the state folder)."""
+    format: AudioFormatField = Field(default_factory=lambda: AudioFormat("mp3", 44100))
+    """Format of the audio behind an answer's URL unless the target or request asks otherwise
+    (MP3 at 44.1 kHz plays on Sonos, Cast, ESPHome and squeezelite)."""
+
+    @field_validator("base_url")
+    @classmethod
+    def _check_base_url(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        value = value.strip().rstrip("/")
+        if not re.match(r"^https?://[^/?#\s]+(/[^?#\s]*)?$", value):
+            raise ValueError("must be an http:// or https:// URL without query or fragment")
+        return value
+
+    @field_validator("dir", "secret_file")
+    @classmethod
+    def _expand(cls, value: Path | None) -> Path | None:
+        return None if value is None else value.expanduser()
+
+
 class LoggingSettings(_Section):
     level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     """Log level; --debug overrides it."""
@@ -330,6 +370,7 @@ class Settings(_Section):
     scheduler: SchedulerSettings = Field(default_factory=SchedulerSettings)
     homeassistant: HomeAssistantSettings = Field(default_factory=HomeAssistantSettings)
     hermes: HermesSettings = Field(default_factory=HermesSettings)
+    http: HttpSettings = Field(default_factory=HttpSettings)
     phrases: list[str] = Field(default_factory=list)
     """Sentences to pre-render in quality at idle (for the default voice)."""
     phrases_file: Path | None = None
