@@ -1,0 +1,254 @@
+"""The HTTP audio server: each answer's audio at a stable, unguessable URL for speakers that play
+URLs (Sonos, Google Cast, ESPHome, squeezelite, Home Assistant media players).
+
+It runs aiohttp on its own thread and event loop, so the thread-based service never blocks on the
+network and the network never waits for encoding: publish() encodes on the caller's thread, and
+the loop only streams files. GET and HEAD are served with byte ranges (aiohttp's FileResponse:
+206, 416, Accept-Ranges, Content-Length), which Sonos and Cast use. Only
+``/audio/<token>.<extension>`` exists; any other path, and any token the store does not hold,
+is a 404 (path tricks included: a name is exactly a token and an extension, never a path).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import socket
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+from aiohttp import web
+
+from tts_bridge.audio import duration_ms, encode
+from tts_bridge.config import HttpSettings, Settings
+from tts_bridge.formats import AudioFormat
+from tts_bridge.service.audio_store import AudioStore
+
+_LOGGER = logging.getLogger(__name__)
+_ROUTE_PREFIX = "/audio/"
+_ANY_ADDRESS = ("0.0.0.0", "::", "")
+
+
+@dataclass(frozen=True)
+class PublishedAudio:
+    url: str
+    token: str
+    format: AudioFormat
+    content_type: str
+    bytes: int
+    duration_ms: int
+    expires_at: float
+    encoded: bool
+    """False when the same audio in the same format was already stored (no encoding done)."""
+
+
+def content_key(audio: npt.NDArray[np.generic], sample_rate: int) -> str:
+    """A name of exactly this audio: the same samples get the same URL."""
+    array = np.ascontiguousarray(audio)
+    digest = hashlib.sha256(f"{sample_rate}:{array.dtype.str}:{array.shape}:".encode())
+    digest.update(array.tobytes())
+    return "pcm:" + digest.hexdigest()
+
+
+def lan_address() -> str:
+    """This machine's address on its default route, without sending anything (a UDP socket's
+    connect only picks the route); 127.0.0.1 when there is none."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("10.255.255.255", 9))
+            address: str = probe.getsockname()[0]
+        except OSError:
+            return "127.0.0.1"
+    return address
+
+
+class AudioServer:
+    """start() binds (raising if the port is taken), stop() closes; publish() from any thread."""
+
+    def __init__(
+        self,
+        settings: HttpSettings,
+        store: AudioStore,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self._clock = clock
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._runner: web.AppRunner | None = None
+        self._stopped: asyncio.Event | None = None
+        self._port: int | None = None
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> AudioServer:
+        return cls(settings.http, AudioStore.from_settings(settings))
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def start(self, timeout_s: float = 10.0) -> None:
+        if self._thread is not None:
+            raise RuntimeError("the audio server is already running")
+        ready = threading.Event()
+        failure: list[BaseException] = []
+        self._thread = threading.Thread(
+            target=self._run, args=(ready, failure), name="http-audio", daemon=True
+        )
+        self._thread.start()
+        if not ready.wait(timeout_s):
+            raise RuntimeError("the audio server did not start in time")
+        if failure:
+            self._thread.join(timeout_s)
+            self._thread = None
+            raise failure[0]
+        _LOGGER.info(
+            "Audio server on %s:%d, URLs under %s",
+            self.settings.host,
+            self.port,
+            self.base_url,
+        )
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        thread, loop, stopped = self._thread, self._loop, self._stopped
+        if thread is None:
+            return
+        if loop is not None and stopped is not None:
+            with contextlib.suppress(RuntimeError):  # the loop already ended
+                loop.call_soon_threadsafe(stopped.set)
+        thread.join(timeout_s)
+        self._thread = None
+        _LOGGER.debug("Audio server stopped")
+
+    def _run(self, ready: threading.Event, failure: list[BaseException]) -> None:
+        loop = asyncio.new_event_loop()
+        self._loop = loop
+        try:
+            loop.run_until_complete(self._serve(ready, failure))
+        except BaseException as exc:  # reported to start(); the thread must not die silently
+            if not ready.is_set():
+                failure.append(exc)
+                ready.set()
+            else:
+                _LOGGER.exception("Audio server stopped on an error")
+        finally:
+            loop.close()
+            self._loop = None
+
+    async def _serve(self, ready: threading.Event, failure: list[BaseException]) -> None:
+        app = web.Application(middlewares=[self._errors_middleware])
+        app.router.add_get(_ROUTE_PREFIX + "{name}", self._handle_audio)  # HEAD too
+        # No access log: URLs are secrets, and a speaker's range requests would flood it.
+        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await runner.setup()
+        self._runner = runner
+        self._stopped = asyncio.Event()
+        try:
+            site = web.TCPSite(
+                runner, self.settings.host or None, self.settings.port, reuse_address=True
+            )
+            await site.start()
+            addresses = runner.addresses
+            self._port = int(addresses[0][1]) if addresses else self.settings.port
+            ready.set()
+            await self._stopped.wait()
+        finally:
+            await runner.cleanup()
+            self._runner = None
+
+    # -- requests ----------------------------------------------------------------------------
+
+    @web.middleware
+    async def _errors_middleware(
+        self,
+        request: web.Request,
+        handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
+    ) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except web.HTTPException as exc:
+            # Probes, stale links and path tricks: worth a debug line, never the URL's token.
+            _LOGGER.debug("HTTP %d for %s %s", exc.status, request.method, _redact(request.path))
+            raise
+        except (ConnectionResetError, asyncio.CancelledError):
+            raise  # the speaker went away mid-response
+        except Exception:
+            _LOGGER.exception("Audio request %s %s failed", request.method, _redact(request.path))
+            raise web.HTTPInternalServerError() from None
+
+    async def _handle_audio(self, request: web.Request) -> web.StreamResponse:
+        stored = self.store.lookup(request.match_info["name"])
+        if stored is None:
+            raise web.HTTPNotFound()
+        max_age = max(int(stored.expires_at - self._clock()), 0)
+        return web.FileResponse(
+            stored.path,
+            headers={
+                "Content-Type": stored.content_type,
+                "Cache-Control": f"private, max-age={max_age}",
+                "Accept-Ranges": "bytes",
+            },
+        )
+
+    # -- publishing --------------------------------------------------------------------------
+
+    @property
+    def port(self) -> int:
+        return self._port if self._port is not None else self.settings.port
+
+    @property
+    def base_url(self) -> str:
+        if self.settings.base_url:
+            return self.settings.base_url
+        host = self.settings.host
+        if host in _ANY_ADDRESS:
+            host = lan_address()
+        if ":" in host:
+            host = f"[{host}]"
+        return f"http://{host}:{self.port}"
+
+    def url_for(self, token: str, fmt: AudioFormat) -> str:
+        return f"{self.base_url}{_ROUTE_PREFIX}{token}.{fmt.extension}"
+
+    def publish(
+        self,
+        audio: npt.NDArray[np.generic],
+        sample_rate: int,
+        fmt: AudioFormat | None = None,
+        ttl_s: float | None = None,
+        key: str | None = None,
+    ) -> PublishedAudio:
+        """Serve this audio (int16 or float PCM) in fmt (default: http.format) and return its
+        URL. key names the content (e.g. the answer's cache keys); without one the samples
+        themselves do. Encodes on the calling thread, only when the store lacks it."""
+        fmt = fmt or self.settings.format
+        ttl = float(ttl_s if ttl_s is not None else self.settings.ttl_s)
+        token = self.store.token(key or content_key(audio, sample_rate), fmt)
+        samples = int(np.asarray(audio).shape[0])
+        size = self.store.refresh(token, fmt, ttl)
+        encoded = size is None
+        if size is None:
+            data = encode(audio, sample_rate, fmt).data
+            self.store.put(token, fmt, data, ttl)
+            size = len(data)
+        return PublishedAudio(
+            url=self.url_for(token, fmt),
+            token=token,
+            format=fmt,
+            content_type=fmt.content_type,
+            bytes=size,
+            duration_ms=duration_ms(samples, sample_rate),
+            expires_at=self._clock() + ttl,
+            encoded=encoded,
+        )
+
+
+def _redact(path: str) -> str:
+    # A valid-looking token in a log line would be a working URL for whoever reads the log.
+    head, _, name = path.rpartition("/")
+    return f"{head}/{name[:4]}…" if len(name) > 8 else path
