@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -174,3 +175,232 @@ def test_http_section_defaults_and_errors() -> None:
         load_settings(
             overrides={"http": {"format": {"format": "opus", "sample_rate": 44100}}}, environ={}
         )
+
+
+# -- the environment: typed by the field it names ---------------------------------------------
+
+
+def test_environment_strings_stay_strings() -> None:
+    env = {
+        "TTS_BRIDGE_MQTT__PASSWORD": "123456",
+        "TTS_BRIDGE_MQTT__USERNAME": "#secret",
+        "TTS_BRIDGE_MQTT__CLIENT_ID": "007",
+        "TTS_BRIDGE_MQTT__BASE_TOPIC": "true",
+    }
+    mqtt = load_settings(None, environ=env).mqtt
+    assert (mqtt.password, mqtt.username, mqtt.client_id, mqtt.base_topic) == (
+        "123456",
+        "#secret",
+        "007",
+        "true",
+    )
+    password = load_settings(None, environ={"TTS_BRIDGE_MQTT__PASSWORD": "#secret"}).mqtt.password
+    assert password == "#secret"
+
+
+def test_environment_numbers_booleans_and_empty_values() -> None:
+    env = {
+        "TTS_BRIDGE_MQTT__PORT": "1884",
+        "TTS_BRIDGE_MQTT__TLS__INSECURE": "yes",
+        "TTS_BRIDGE_CACHE__ENABLED": "false",
+        "TTS_BRIDGE_SCHEDULER__HYSTERESIS": "0.5",
+        "TTS_BRIDGE_SYNTHESIS__ONNX_SPINNING": "off",
+        "TTS_BRIDGE_SYNTHESIS__WORKERS": "",
+        "TTS_BRIDGE_MQTT__USERNAME": "",
+    }
+    settings = load_settings(None, environ=env)
+    assert settings.mqtt.port == 1884
+    assert settings.mqtt.tls.insecure is True
+    assert settings.cache.enabled is False
+    assert settings.scheduler.hysteresis == 0.5
+    assert settings.synthesis.onnx_spinning == "off"
+    # Empty means "not set" for a setting that may be empty.
+    assert settings.synthesis.workers is None
+    assert settings.mqtt.username is None
+
+
+@pytest.mark.parametrize("raw", ["kitchen,hall", " kitchen , hall ,", '["kitchen", "hall"]'])
+def test_environment_lists_as_json_or_comma_separated(raw: str) -> None:
+    settings = load_settings(None, environ={"TTS_BRIDGE_HOMEASSISTANT__TARGETS": raw})
+    assert settings.homeassistant.targets == ["kitchen", "hall"]
+
+
+def test_environment_phrases_list_and_json_objects() -> None:
+    env = {
+        "TTS_BRIDGE_PHRASES": '["Dinner is ready.", "Good night, everyone."]',
+        "TTS_BRIDGE_VOICES__JOE__SPEED": "1.25",
+        "TTS_BRIDGE_VOICES__JOE__OPTIONS__SEED": "7",
+        "TTS_BRIDGE_HERMES": '{"enabled": true, "voice": "heart"}',
+        "TTS_BRIDGE_HERMES__FINISH_MARGIN_S": "3",
+    }
+    settings = load_settings(None, environ=env)
+    # A comma inside a phrase is kept: JSON says where each item ends.
+    assert settings.phrases == ["Dinner is ready.", "Good night, everyone."]
+    # Changing one voice keeps the others (the default voices stay).
+    assert set(settings.voices) == {"joe", "heart"}
+    assert settings.voices["joe"].speed == 1.25
+    assert settings.voices["joe"].engine == "piper"
+    options = settings.voices["joe"].options
+    assert options == {"seed": 7}
+    assert isinstance(options["seed"], int)
+    assert (settings.hermes.enabled, settings.hermes.voice, settings.hermes.finish_margin_s) == (
+        True,
+        "heart",
+        3.0,
+    )
+
+
+def test_environment_variables_that_name_no_setting_are_ignored(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    env = {"TTS_BRIDGE_BIN": "/x", "TTS_BRIDGE_DEFAULT_VOCE": "heart", "TTS_BRIDGE_CONFIG": ""}
+    with caplog.at_level("DEBUG", logger="tts_bridge.config"):
+        settings = load_settings(None, environ=env)
+    assert settings.default_voice == "joe"
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    # Only the near miss is worth a warning; a wrapper's own variable is not the bridge's.
+    assert warnings == [
+        "Ignoring TTS_BRIDGE_DEFAULT_VOCE: not a setting (did you mean TTS_BRIDGE_DEFAULT_VOICE?)"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        (
+            {"TTS_BRIDGE_MQTT__PASWORD": "x"},
+            "TTS_BRIDGE_MQTT__PASWORD: mqtt has no key 'pasword' "
+            "(did you mean TTS_BRIDGE_MQTT__PASSWORD?)",
+        ),
+        (
+            {"TTS_BRIDGE_MQTT__HOST__NAME": "x"},
+            "TTS_BRIDGE_MQTT__HOST__NAME: mqtt.host has no keys",
+        ),
+        ({"TTS_BRIDGE_MQTT__PORT": "abc"}, "TTS_BRIDGE_MQTT__PORT (mqtt.port): Input should be"),
+        ({"TTS_BRIDGE_MQTT__PORT": "0"}, "TTS_BRIDGE_MQTT__PORT (mqtt.port): "),
+        (
+            {"TTS_BRIDGE_HOMEASSISTANT__TARGETS": '["a", '},
+            "TTS_BRIDGE_HOMEASSISTANT__TARGETS: expected a JSON list",
+        ),
+        (
+            {"TTS_BRIDGE_HOMEASSISTANT__TARGETS": "a b,c"},
+            "TTS_BRIDGE_HOMEASSISTANT__TARGETS (homeassistant.targets): target 'a b' must match",
+        ),
+        ({"TTS_BRIDGE_HERMES": "on"}, "TTS_BRIDGE_HERMES: expected a JSON object"),
+        (
+            {"TTS_BRIDGE_DEFAULT_VOICE": "nobody"},
+            "TTS_BRIDGE_DEFAULT_VOICE (default_voice): 'nobody' is not one of the voices",
+        ),
+        (
+            {"TTS_BRIDGE_VOICES__JOE__BACKEND": "onnx"},
+            "TTS_BRIDGE_VOICES__JOE__BACKEND (voices.joe.backend): 'onnx' is only for",
+        ),
+        (
+            {
+                "TTS_BRIDGE_MQTT__TLS__ENABLED": "true",
+                "TTS_BRIDGE_MQTT__TLS__CA_FILE": "/no/ca.pem",
+            },
+            "TTS_BRIDGE_MQTT__TLS__CA_FILE (mqtt.tls.ca_file): no such file /no/ca.pem",
+        ),
+        ({"TTS_BRIDGE_MQTT____HOST": "x"}, "TTS_BRIDGE_MQTT____HOST: empty key"),
+    ],
+)
+def test_environment_errors_name_the_variable(env: dict[str, str], expected: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_settings(None, environ=env)
+    message = str(caught.value)
+    assert expected in message
+    assert "Value error" not in message
+    assert "\n" not in message
+
+
+def test_errors_name_the_file_or_the_command_line(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("mqtt:\n  prot: 1883\n", encoding="utf-8")
+    with pytest.raises(ConfigError) as caught:
+        load_settings(cfg, environ={"TTS_BRIDGE_MQTT__PORT": "x"})
+    message = str(caught.value)
+    assert f"{cfg}: mqtt.prot: unknown key (did you mean 'port'?)" in message
+    assert "TTS_BRIDGE_MQTT__PORT (mqtt.port)" in message
+    # A check across keys (a model validator) in the bridge's own words, naming the key.
+    cfg.write_text("default_voice: nobody\n", encoding="utf-8")
+    with pytest.raises(ConfigError) as caught:
+        load_settings(cfg, environ={})
+    message = str(caught.value)
+    assert message == (
+        f"invalid configuration: {cfg}: default_voice: 'nobody' is not one of the voices: "
+        "heart, joe"
+    )
+
+    with pytest.raises(ConfigError, match=r"command line mqtt\.port: "):
+        load_settings(None, {"mqtt": {"port": 0}}, environ={})
+
+
+def test_precedence_defaults_file_environment_flags(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("mqtt:\n  host: file\n  port: 1001\n  username: file\n", encoding="utf-8")
+    env = {"TTS_BRIDGE_MQTT__PORT": "1002", "TTS_BRIDGE_MQTT__USERNAME": "env"}
+    mqtt = load_settings(cfg, {"mqtt": {"username": "flag"}}, environ=env).mqtt
+    assert (mqtt.host, mqtt.port, mqtt.username, mqtt.base_topic) == (
+        "file",
+        1002,
+        "flag",
+        "tts_bridge",
+    )
+    # TTS_BRIDGE_CONFIG names the file when no --config is given.
+    from_env = load_settings(None, environ={"TTS_BRIDGE_CONFIG": str(cfg)})
+    assert from_env.mqtt.host == "file"
+
+
+def test_non_utf8_files_are_named(tmp_path: Path) -> None:
+    cfg = tmp_path / "latin1.yaml"
+    cfg.write_bytes("mqtt:\n  host: café\n".encode("latin-1"))
+    with pytest.raises(ConfigError, match=rf"config file {re.escape(str(cfg))}: not UTF-8 text"):
+        load_settings(cfg, environ={})
+    password = tmp_path / "password"
+    password.write_bytes(b"caf\xe9\n")
+    env = {"TTS_BRIDGE_MQTT__PASSWORD_FILE": str(password)}
+    with pytest.raises(ConfigError) as caught:
+        load_settings(None, environ=env)
+    assert f"{password} is not UTF-8 text" in str(caught.value)
+    assert "TTS_BRIDGE_MQTT__PASSWORD_FILE" in str(caught.value)
+
+
+def test_tls_files_must_exist_when_tls_is_on(tmp_path: Path) -> None:
+    missing = tmp_path / "ca.pem"
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"mqtt:\n  tls:\n    enabled: true\n    ca_file: {missing}\n", encoding="utf-8")
+    with pytest.raises(ConfigError) as caught:
+        load_settings(cfg, environ={})
+    assert f"{cfg}: mqtt.tls.ca_file: no such file {missing}" in str(caught.value)
+    missing.write_text("not checked here: ssl reads it\n", encoding="utf-8")
+    assert load_settings(cfg, environ={}).mqtt.tls.ca_file == missing
+    # With TLS off the files are not used, so they are not checked.
+    off = {"TTS_BRIDGE_MQTT__TLS__CA_FILE": str(tmp_path / "nope.pem")}
+    assert load_settings(None, environ=off).mqtt.tls.enabled is False
+
+
+@pytest.mark.parametrize(
+    ("env", "stderr"),
+    [
+        ({"TTS_BRIDGE_MQTT__PASWORD": "x"}, "TTS_BRIDGE_MQTT__PASWORD: mqtt has no key"),
+        (
+            {"TTS_BRIDGE_MQTT__TLS__ENABLED": "1", "TTS_BRIDGE_MQTT__TLS__CA_FILE": "/no/ca.pem"},
+            "no such file /no/ca.pem",
+        ),
+    ],
+)
+def test_environment_errors_exit_2_with_one_line(env: dict[str, str], stderr: str) -> None:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("TTS_BRIDGE_")}
+    done = subprocess.run(
+        [sys.executable, "-m", "tts_bridge", "cache", "stats"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={**clean, **env},
+    )
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert stderr in lines[0]

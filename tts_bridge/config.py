@@ -1,18 +1,26 @@
 """One validated settings object: YAML file, then TTS_BRIDGE_* environment, then command-line flags.
 
 Environment overrides use a double underscore between levels, e.g. ``TTS_BRIDGE_MQTT__HOST=broker``
-or ``TTS_BRIDGE_LIMITS__MAX_TEXT_CHARS=500``. Values are parsed as YAML scalars, so numbers and
-booleans work as expected.
+or ``TTS_BRIDGE_LIMITS__MAX_TEXT_CHARS=500``. Each value is read as the type of its setting: text
+settings take the text as it is (``TTS_BRIDGE_MQTT__PASSWORD=123456``, ``...CLIENT_ID=007``),
+numbers and booleans (true/false, 1/0, yes/no, on/off) are converted, lists are JSON
+(``["a", "b"]``) or comma-separated (``a,b``), and a whole section or voice is a JSON object. An
+empty value means "not set" for a setting that may be empty. Variables that name no setting
+(``TTS_BRIDGE_BIN``) are not the bridge's and are ignored; an unknown key below a known section
+(``TTS_BRIDGE_MQTT__PASWORD``) is an error naming the variable.
 """
 
 from __future__ import annotations
 
+import difflib
+import json
 import logging
 import os
 import re
-from collections.abc import Mapping
+import types
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Union, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -60,6 +68,21 @@ class TlsSettings(_Section):
     """Private key of the client certificate."""
     insecure: bool = False
     """Skip the host name check (only for testing; never in production)."""
+
+    @model_validator(mode="after")
+    def _check_files(self) -> TlsSettings:
+        # ssl reports a missing file as a bare "[Errno 2] No such file or directory" at the
+        # first connect, without its name; here it is named before anything starts.
+        if not self.enabled:
+            return self
+        for key in ("ca_file", "cert_file", "key_file"):
+            path: Path | None = getattr(self, key)
+            if path is not None and not path.expanduser().is_file():
+                raise ValueError(
+                    f"{key}: no such file {path} (give the file's full path, or leave "
+                    f"{key} empty{' to use the system CAs' if key == 'ca_file' else ''})"
+                )
+        return self
 
 
 class MqttSettings(_Section):
@@ -397,6 +420,8 @@ class Settings(_Section):
                 lines = path.expanduser().read_text(encoding="utf-8").splitlines()
             except OSError as exc:
                 raise ValueError(f"mqtt.password_file: cannot read {path}: {exc.strerror}") from exc
+            except UnicodeDecodeError as exc:
+                raise ValueError(f"mqtt.password_file: {path} is {_not_utf8(exc)}") from None
             self.mqtt.password = lines[0] if lines else ""
         return self
 
@@ -430,27 +455,148 @@ class Settings(_Section):
 
 
 class ConfigError(Exception):
-    """The configuration cannot be used; the message names the key."""
+    """The configuration cannot be used; the message names the source and the key."""
 
 
-def _env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
+# -- the environment ------------------------------------------------------------------------
+#
+# Read by hand rather than with pydantic-settings: the settings are validated once, from the
+# YAML file, the environment, the voices file and the flags merged in that order, so the
+# environment is one more dictionary here, not the root model (BaseSettings would own the
+# precedence and every section class). Each value is converted by the type of the field it
+# names, and every variable's key path is remembered so that an error names the variable.
+
+
+def _unwrap(annotation: Any) -> tuple[Any, bool]:
+    """The annotation without ``None``, and whether ``None`` is allowed."""
+    if get_origin(annotation) in (Union, types.UnionType):
+        args = get_args(annotation)
+        rest = tuple(a for a in args if a is not type(None))
+        inner = rest[0] if len(rest) == 1 else Union[rest]  # noqa: UP007 (a runtime union)
+        return inner, len(rest) < len(args)
+    return annotation, False
+
+
+def _is_model(annotation: Any) -> bool:
+    return isinstance(annotation, type) and issubclass(annotation, BaseModel)
+
+
+def _child(annotation: Any, key: str) -> Any | None:
+    """The annotation of ``key`` inside a section (or a mapping such as voices); None if unknown."""
+    inner, _ = _unwrap(annotation)
+    if _is_model(inner):
+        field = inner.model_fields.get(key)
+        return None if field is None else field.annotation
+    if get_origin(inner) is dict:
+        return get_args(inner)[1]
+    return None
+
+
+def _known_keys(annotation: Any) -> list[str]:
+    inner, _ = _unwrap(annotation)
+    return list(inner.model_fields) if _is_model(inner) else []
+
+
+def _env_name(path: Sequence[str]) -> str:
+    return ENV_PREFIX + "__".join(path).upper()
+
+
+def _env_value(name: str, raw: str, annotation: Any) -> Any:
+    """A variable's text as the field's type wants it: strings stay strings."""
+    inner, nullable = _unwrap(annotation)
+    if raw == "" and nullable:
+        return None
+    container = get_origin(inner)
+    if _is_model(inner) or container is dict:
+        try:
+            value = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(
+                f'{name}: expected a JSON object such as {{"key": "value"}} ({exc.msg} at '
+                f"column {exc.colno})"
+            ) from None
+        if not isinstance(value, dict):
+            raise ConfigError(f'{name}: expected a JSON object such as {{"key": "value"}}')
+        return value
+    if container in (list, tuple, set):
+        if not raw.lstrip().startswith("["):
+            return [item.strip() for item in raw.split(",") if item.strip()]
+        try:
+            value = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(
+                f'{name}: expected a JSON list such as ["a", "b"] or a comma-separated a,b '
+                f"({exc.msg} at column {exc.colno})"
+            ) from None
+        if not isinstance(value, list):
+            raise ConfigError(f'{name}: expected a JSON list such as ["a", "b"] or a,b')
+        return value
+    if get_origin(inner) in (Union, types.UnionType) and not {str, Path} & set(get_args(inner)):
+        # A union of numbers and booleans (voice options): "7" is an int, not 7.0.
+        for kind in (int, float):
+            try:
+                return kind(raw)
+            except ValueError:
+                pass
+    return raw  # pydantic turns "300" into 300 for an int field, "true" into True for a bool
+
+
+def _env_target(name: str, path: list[str]) -> Any | None:
+    """The annotation of the setting a variable names; None if it names none (not ours)."""
+    annotation: Any = Settings
+    for depth, part in enumerate(path):
+        child = _child(annotation, part)
+        if child is not None:
+            annotation = child
+            continue
+        if depth == 0:
+            close = difflib.get_close_matches("__".join(path), list(Settings.model_fields), 1, 0.8)
+            if close:
+                _LOGGER.warning(
+                    "Ignoring %s: not a setting (did you mean %s?)", name, _env_name(close)
+                )
+            else:
+                _LOGGER.debug("Ignoring %s: not a setting", name)
+            return None
+        where = ".".join(path[:depth])
+        known = _known_keys(annotation)
+        if not known:
+            raise ConfigError(f"{name}: {where} has no keys below it")
+        close = difflib.get_close_matches(part, known, n=1)
+        hint = f"did you mean {_env_name([*path[:depth], close[0]])}?" if close else ""
+        raise ConfigError(
+            f"{name}: {where} has no key {part!r} ({hint or 'keys: ' + ', '.join(known)})"
+        )
+    return annotation
+
+
+def _env_overrides(environ: Mapping[str, str]) -> tuple[dict[str, Any], dict[tuple[str, ...], str]]:
+    """The TTS_BRIDGE_* variables as a settings tree, and each variable's key path.
+
+    A variable whose first part names no setting is not the bridge's (TTS_BRIDGE_BIN for a
+    wrapper script): it is ignored, with a warning when it is close to a setting's name. Below a
+    known section an unknown key can only be a misspelling, and is an error like in the file.
+    """
     tree: dict[str, Any] = {}
-    for name, raw in environ.items():
+    sources: dict[tuple[str, ...], str] = {}
+    # Sorted: TTS_BRIDGE_MQTT (a JSON object) comes before TTS_BRIDGE_MQTT__PORT, which refines it.
+    for name in sorted(environ):
         if not name.startswith(ENV_PREFIX) or name == ENV_PREFIX + "CONFIG":
             continue
-        path = [p.lower() for p in name[len(ENV_PREFIX) :].split("__") if p]
-        if not path:
+        path = [p.lower() for p in name[len(ENV_PREFIX) :].split("__")]
+        if not all(path):
+            raise ConfigError(f"{name}: empty key (levels are separated by one double '__')")
+        annotation = _env_target(name, path)
+        if annotation is None:
             continue
         node = tree
         for part in path[:-1]:
             node = node.setdefault(part, {})
             if not isinstance(node, dict):
-                raise ConfigError(f"{name}: conflicts with another TTS_BRIDGE_ variable")
-        try:
-            node[path[-1]] = yaml.safe_load(raw) if raw != "" else None
-        except yaml.YAMLError:
-            node[path[-1]] = raw
-    return tree
+                raise ConfigError(f"{name}: conflicts with a TTS_BRIDGE_ variable above it")
+        node[path[-1]] = _env_value(name, environ[name], annotation)
+        sources[tuple(path)] = name
+    return tree, sources
 
 
 def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
@@ -463,14 +609,80 @@ def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _describe(error: ValidationError) -> str:
+def _flatten(tree: Mapping[str, Any], prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    paths: list[tuple[str, ...]] = []
+    for key, value in tree.items():
+        if isinstance(value, Mapping) and value:
+            paths += _flatten(value, (*prefix, str(key)))
+        else:
+            paths.append((*prefix, str(key)))
+    return paths
+
+
+_LEADING_KEY = re.compile(r"^([a-z_][a-z0-9_]*(?:\.[A-Za-z0-9_-]+)*)[ :]")
+
+
+class _Sources:
+    """Which source set which key, so that an error can say where to fix it."""
+
+    def __init__(
+        self,
+        path: Path | None,
+        env: dict[tuple[str, ...], str],
+        flags: Mapping[str, Any] | None,
+    ) -> None:
+        self.path = path
+        self.env = env
+        self.flags = set(_flatten(flags or {}))
+
+    def describe(self, loc: tuple[str, ...], key: str, message: str) -> str:
+        names = [n for p, n in self.env.items() if _covers(p, loc)]
+        if any(_covers(p, loc) for p in self.flags):
+            return f"command line {key}: {message}"
+        if names:
+            return f"{', '.join(sorted(names))} ({key}): {message}"
+        if self.path is not None:
+            return f"{self.path}: {key}: {message}"
+        return f"{key}: {message}"
+
+
+def _covers(path: tuple[str, ...], loc: tuple[str, ...]) -> bool:
+    """The key a source set is (in, or around) the key an error is about."""
+    shorter = min(len(path), len(loc))
+    return shorter > 0 and path[:shorter] == loc[:shorter]
+
+
+def _describe(error: ValidationError, sources: _Sources) -> str:
     lines = []
     for item in error.errors():
-        key = ".".join(str(p) for p in item["loc"]) or "(top level)"
-        msg = item["msg"]
-        if item["type"] == "extra_forbidden":
-            msg = "unknown key"
-        lines.append(f"{key}: {msg}")
+        loc = tuple(str(p) for p in item["loc"])
+        if item["type"] == "value_error" and "error" in item.get("ctx", {}):
+            message = str(item["ctx"]["error"])  # our own words, without "Value error, "
+        elif item["type"] == "extra_forbidden":
+            message = "unknown key"
+            parent: Any = Settings
+            for part in loc[:-1]:
+                parent = _child(parent, part) if parent is not None else None
+            close = difflib.get_close_matches(loc[-1], _known_keys(parent), n=1)
+            if close:
+                message += f" (did you mean {close[0]!r}?)"
+        elif item["type"] == "missing":
+            message = "is required"
+        else:
+            message = item["msg"]
+        # A check across keys (a model validator) reports the section; its message starts with
+        # the key it is about, which is the one to name (and whose source to blame).
+        match = _LEADING_KEY.match(message)
+        if match:
+            section: Any = Settings
+            for part in loc:
+                section = _child(section, part) if section is not None else None
+            lead = tuple(match.group(1).split("."))
+            if not loc or (section is not None and _child(section, lead[0]) is not None):
+                loc = (*loc, *lead)
+                message = message[len(match.group(1)) :].lstrip(": ")
+        key = ".".join(loc) or "settings"
+        lines.append(sources.describe(loc, key, message))
     return "; ".join(lines)
 
 
@@ -482,8 +694,12 @@ def _with_voices_file(data: dict[str, Any]) -> dict[str, Any]:
         return data
     try:
         loaded = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except (OSError, yaml.YAMLError) as exc:
-        raise ConfigError(f"voices file {path} unreadable: {exc}") from exc
+    except OSError as exc:
+        raise ConfigError(f"cannot read voices file {path}: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"voices file {path}: {_not_utf8(exc)}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"voices file {path} is not valid YAML: {exc}") from exc
     extra = loaded.get("voices") if isinstance(loaded, dict) else None
     if not isinstance(extra, dict):
         raise ConfigError(f"voices file {path}: expected a 'voices:' mapping")
@@ -493,12 +709,16 @@ def _with_voices_file(data: dict[str, Any]) -> dict[str, Any]:
     return {**data, "voices": {**extra, **voices}}
 
 
+def _not_utf8(exc: UnicodeDecodeError) -> str:
+    return f"not UTF-8 text (byte {exc.start} is 0x{exc.object[exc.start]:02x}); save it as UTF-8"
+
+
 def load_settings(
     path: Path | None = None,
     overrides: Mapping[str, Any] | None = None,
     environ: Mapping[str, str] | None = None,
 ) -> Settings:
-    """Build the settings from a YAML file, the environment and flag overrides (in that order)."""
+    """Build the settings: defaults < YAML file < TTS_BRIDGE_* environment < flag overrides."""
     data: dict[str, Any] = {}
     environ = os.environ if environ is None else environ
     if path is None and environ.get(ENV_PREFIX + "CONFIG"):
@@ -508,6 +728,8 @@ def load_settings(
             loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
         except OSError as exc:
             raise ConfigError(f"cannot read config file {path}: {exc.strerror or exc}") from exc
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"config file {path}: {_not_utf8(exc)}") from None
         except yaml.YAMLError as exc:
             raise ConfigError(f"config file {path} is not valid YAML: {exc}") from exc
         if loaded is None:
@@ -515,13 +737,21 @@ def load_settings(
         if not isinstance(loaded, dict):
             raise ConfigError(f"config file {path}: the top level must be a mapping of keys")
         data = loaded
-    data = _merge(data, _env_overrides(environ))
-    data = _merge(data, overrides or {})
+    env_tree, env_sources = _env_overrides(environ)
+    overrides = overrides or {}
+    if "voices" not in data and "voices" in env_tree:
+        # TTS_BRIDGE_VOICES__JOE__SPEED=1.2 changes joe; it does not replace the default voices.
+        data["voices"] = {
+            name: voice.model_dump(exclude_defaults=True)
+            for name, voice in _default_voices().items()
+        }
+    data = _merge(data, env_tree)
+    data = _merge(data, overrides)
     data = _with_voices_file(data)
     try:
         settings = Settings.model_validate(data)
     except ValidationError as exc:
-        where = f" in {path}" if path else ""
-        raise ConfigError(f"invalid configuration{where}: {_describe(exc)}") from exc
+        sources = _Sources(path, env_sources, overrides)
+        raise ConfigError(f"invalid configuration: {_describe(exc, sources)}") from None
     _LOGGER.debug("Settings loaded from %s", path or "defaults")
     return settings
