@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import re
 import signal
 import sys
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from tts_bridge import __version__
 from tts_bridge.cli.models import add_models_parser
+from tts_bridge.cli.parsing import HelpFormatter, add_command
 from tts_bridge.config import AUTO_FAST_VOICE, ConfigError, Settings, load_settings
 
 if TYPE_CHECKING:
@@ -24,7 +26,15 @@ if TYPE_CHECKING:
 
 _LOGGER = logging.getLogger(__name__)
 
+EXIT_RUNTIME = 1
 EXIT_CONFIG = 2
+"""Usage or configuration: the command cannot start as given."""
+
+
+class _UsageError(Exception):
+    """An argument that cannot be used (a missing input file); one line, exit status 2."""
+
+
 DEFAULT_BENCH_OUT = Path("bench/results/bench.json")
 DEFAULT_CHATTTS_BENCH_OUT = Path("bench/results/chattts")
 DEFAULT_WER_OUT = Path("bench/results/wer.json")
@@ -102,10 +112,27 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def _check_output(path: Path) -> str | None:
+    """Why a WAV cannot be written to ``path`` (checked before minutes of synthesis), or None."""
+    folder = path.parent
+    if path.is_dir():
+        return f"{path} is a folder; give a file name such as {path / 'out.wav'}"
+    if not folder.is_dir():
+        return f"folder {folder} does not exist; create it first (mkdir -p {folder})"
+    if not os.access(folder, os.W_OK):
+        return f"folder {folder} is not writable"
+    return None
+
+
 def cmd_say(args: argparse.Namespace, settings: Settings) -> int:
     from tts_bridge.engines.registry import UnknownVoiceError
     from tts_bridge.speech.synthesis import RequestError
 
+    to_stdout = str(args.output) == "-"
+    problem = None if to_stdout else _check_output(args.output)
+    if problem:
+        print(f"tts-bridge: say -o: {problem}", file=sys.stderr)
+        return EXIT_CONFIG
     text = args.text if args.text != "-" else sys.stdin.read()
     synth = _build_synthesizer(settings, _thread_plan(settings))
     try:
@@ -118,11 +145,17 @@ def cmd_say(args: argparse.Namespace, settings: Settings) -> int:
         return 1
     finally:
         synth.cache.close()
-    args.output.write_bytes(rendering.wav)
+    if to_stdout:
+        sys.stdout.buffer.write(rendering.wav)
+        sys.stdout.buffer.flush()
+    else:
+        args.output.write_bytes(rendering.wav)
+    # With -o - the WAV is standard output, so the summary goes to standard error.
     print(
-        f"{args.output}: {rendering.duration_ms} ms, {rendering.sample_rate} Hz, voice "
-        f"{rendering.voice} ({rendering.engine}), {rendering.cached_sentences}/"
-        f"{rendering.sentences} sentences from the cache"
+        f"{'(stdout)' if to_stdout else args.output}: {rendering.duration_ms} ms, "
+        f"{rendering.sample_rate} Hz, voice {rendering.voice} ({rendering.engine}), "
+        f"{rendering.cached_sentences}/{rendering.sentences} sentences from the cache",
+        file=sys.stderr if to_stdout else sys.stdout,
     )
     return 0
 
@@ -132,7 +165,7 @@ def cmd_cache(args: argparse.Namespace, settings: Settings) -> int:
 
     cache = SentenceCache(settings.cache)
     try:
-        if args.action == "clear":
+        if args.cache_command == "clear":
             removed = cache.clear()
             print(f"removed {removed} entries from {cache.directory}")
         else:
@@ -146,15 +179,31 @@ def cmd_voices(args: argparse.Namespace, settings: Settings) -> int:
     from tts_bridge.engines.registry import EnginePool
 
     pool = EnginePool(settings)
+    rows = [("", "VOICE", "ENGINE", "BACKEND", "TIER", "LANGUAGES", "RATE", "FAST VOICE", "MODEL")]
+    notes: dict[str, str] = {}
     for voice in pool:
-        mark = "*" if voice.name == settings.default_voice else " "
-        print(
-            f"{mark} {voice.name:<12} {voice.engine.name:<12} {voice.backend or '-':<5} "
-            f"{voice.tier:<8} {','.join(sorted(voice.engine.languages)):<6} "
-            f"{voice.engine.sample_rate:>6} Hz  {voice.engine.identity}"
+        rows.append(
+            (
+                "*" if voice.name == settings.default_voice else "",
+                voice.name,
+                voice.engine.name,
+                voice.backend or "-",
+                voice.tier,
+                ",".join(sorted(voice.engine.languages)),
+                f"{voice.engine.sample_rate} Hz",
+                voice.settings.fast_voice or "-",
+                voice.engine.identity,
+            )
         )
         if voice.backend_note:  # ChatTTS voices: why torch or the ONNX export
-            print(f"    backend {voice.backend}: {voice.backend_note}")
+            notes[voice.name] = f"backend {voice.backend}: {voice.backend_note}"
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+    for row in rows:
+        cells = [cell.ljust(width) for cell, width in zip(row, widths, strict=False)]
+        print(" ".join([*cells, row[-1]]).rstrip())
+        if row[1] in notes:
+            print(f"  {'':<{widths[1]}} {notes[row[1]]}")
+    print("* = default_voice; FAST VOICE answers when this voice would be too slow")
     return 0
 
 
@@ -175,19 +224,33 @@ def cmd_play(args: argparse.Namespace, settings: Settings) -> int:
     )
 
 
+def _read_phrases_file(path: Path) -> list[str]:
+    """Phrases from a ``--file``, one per line ('#' starts a comment)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise _UsageError(f"prerender --file: cannot read {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise _UsageError(f"prerender --file: {path} is not UTF-8 text") from None
+    return [
+        line.strip()
+        for line in text.splitlines()
+        if line.strip() and not line.lstrip().startswith("#")
+    ]
+
+
 def cmd_prerender(args: argparse.Namespace, settings: Settings) -> int:
-    """Render phrases into the cache without a broker, with a progress line."""
+    """Render phrases into the cache without a broker, with a progress bar on a terminal."""
+    from tqdm import tqdm
+    from tqdm.contrib.logging import logging_redirect_tqdm
+
     from tts_bridge.engines.registry import UnknownVoiceError
     from tts_bridge.speech.idle import read_phrases
     from tts_bridge.speech.synthesis import RequestError, prepare_text
 
     texts = list(args.phrases)
     if args.file is not None:
-        texts += [
-            line.strip()
-            for line in args.file.read_text(encoding="utf-8").splitlines()
-            if line.strip() and not line.lstrip().startswith("#")
-        ]
+        texts += _read_phrases_file(args.file)
     if not texts:
         texts = read_phrases(settings)
     synth = _build_synthesizer(settings, _thread_plan(settings))
@@ -201,13 +264,19 @@ def cmd_prerender(args: argparse.Namespace, settings: Settings) -> int:
                 print(f"skipped ({exc.code}): {text[:60]!r}", file=sys.stderr)
         options = synth.options_for(voice)
         rendered = cached = 0
-        for number, sentence in enumerate(sentences, 1):
-            piece = synth.sentence(voice, 0, sentence, options, True)
-            cached += piece.cached
-            rendered += not piece.cached
-            bar = "#" * (30 * number // len(sentences))
-            print(f"\r[{bar:<30}] {number}/{len(sentences)}", end="", file=sys.stderr)
-        print(file=sys.stderr)
+        # disable=None: a bar on a terminal, nothing on a pipe or in a log (no "\r" lines).
+        with (
+            logging_redirect_tqdm(),  # log lines above the bar instead of through it
+            tqdm(total=len(sentences), unit="sentence", file=sys.stderr, disable=None) as bar,
+        ):
+            # The first sentence loads the model, which can take a while: say so.
+            bar.set_description_str(f"loading {voice.name}")
+            for sentence in sentences:
+                piece = synth.sentence(voice, 0, sentence, options, True)
+                cached += piece.cached
+                rendered += not piece.cached
+                bar.set_description_str(voice.name, refresh=False)
+                bar.update()
     except UnknownVoiceError as exc:
         print(f"error (unknown_voice): {exc.args[0]}", file=sys.stderr)
         return 1
@@ -309,12 +378,33 @@ def cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _add_voices_parser(sub: Any, common: argparse.ArgumentParser) -> None:
-    voices = sub.add_parser("voices", parents=[common], help="list or make voices")
+    voices = add_command(
+        sub,
+        "voices",
+        "list or make voices",
+        "List the configured voices (the default; with engine, tier, languages and fast voice) "
+        "or make a ChatTTS voice from a seed.",
+        [common],
+    )
     voices.set_defaults(func=cmd_voices)
-    voices_sub = voices.add_subparsers(dest="voices_command")
-    voices_list = voices_sub.add_parser("list", parents=[common], help="list the voices")
+    voices_sub = voices.add_subparsers(dest="voices_command", metavar="{list,new}")
+    voices_list = add_command(
+        voices_sub,
+        "list",
+        "list the voices",
+        "One line per configured voice: engine, backend, tier, languages, sample rate, the "
+        "fast voice that answers when it would be too slow, and the model.",
+        [common],
+    )
     voices_list.set_defaults(func=cmd_voices)
-    new = voices_sub.add_parser("new", parents=[common], help="make a ChatTTS voice from a seed")
+    new = add_command(
+        voices_sub,
+        "new",
+        "make a ChatTTS voice from a seed",
+        "Sample a ChatTTS speaker from a seed (the same seed gives the same voice) and store "
+        "it in voices_file, which is merged into the configured voices.",
+        [common],
+    )
     new.add_argument("name", help="voice name")
     new.add_argument("--seed", type=int, required=True, help="the same seed gives the same voice")
     new.add_argument(
@@ -323,58 +413,49 @@ def _add_voices_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     new.add_argument(
         "--fast-voice",
         default="auto",
-        help="fast tier voice (default: auto = the same speaker on the ONNX export's INT8 graphs "
-        "once there is one, else heart)",
+        help="fast tier voice; auto = the same speaker on the ONNX export's INT8 graphs "
+        "once there is one, else heart",
     )
     new.add_argument("--force", action="store_true", help="replace an existing voice")
     new.set_defaults(func=cmd_voices_new)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="tts-bridge",
-        description="MQTT text-to-speech bridge for the home: text in, WAV out.",
-        epilog="Every command takes --config FILE, --cache-dir DIR and --debug.",
+def _add_cache_parser(sub: Any, common: argparse.ArgumentParser) -> None:
+    cache = add_command(
+        sub,
+        "cache",
+        "show or clear the sentence cache",
+        "Show the sentence cache's statistics or remove every entry.",
+        [common],
     )
-    parser.add_argument("--version", action="version", version=f"tts-bridge {__version__}")
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--config", type=Path, help="YAML settings file")
-    common.add_argument("--debug", action="store_true", help="log at DEBUG level")
-    common.add_argument("--cache-dir", type=Path, help="override cache.dir")
-    sub = parser.add_subparsers(dest="command", required=True)
+    cache_sub = cache.add_subparsers(dest="cache_command", required=True, metavar="{stats,clear}")
+    stats = add_command(
+        cache_sub,
+        "stats",
+        "entries, size and hit counts (JSON)",
+        "Print the sentence cache's statistics as JSON: entries, bytes on disk, hits, misses.",
+        [common],
+    )
+    stats.set_defaults(func=cmd_cache)
+    clear = add_command(
+        cache_sub,
+        "clear",
+        "remove every cached sentence",
+        "Remove every sentence from the cache (they are synthesized again when asked).",
+        [common],
+    )
+    clear.set_defaults(func=cmd_cache)
 
-    run = sub.add_parser("run", parents=[common], help="run the MQTT bridge")
-    run.add_argument("--host", help="override mqtt.host")
-    run.add_argument("--port", type=int, help="override mqtt.port")
-    run.set_defaults(func=cmd_run)
 
-    say = sub.add_parser("say", parents=[common], help="synthesize offline to a WAV file")
-    say.add_argument("text", help="text to speak ('-' reads standard input)")
-    say.add_argument("-o", "--output", type=Path, required=True, help="WAV file to write")
-    say.add_argument("--voice", help="voice name (default: default_voice)")
-    say.add_argument("--lang", help="language of the text (e.g. en, zh)")
-    say.add_argument("--no-cache", action="store_true", help="neither read nor write the cache")
-    say.set_defaults(func=cmd_say)
-
-    cache = sub.add_parser("cache", parents=[common], help="show or clear the sentence cache")
-    cache.add_argument("action", choices=["stats", "clear"])
-    cache.set_defaults(func=cmd_cache)
-
-    _add_voices_parser(sub, common)
-    add_models_parser(sub, common)
-    play = sub.add_parser("play", parents=[common], help="play (or save) what a target receives")
-    play.add_argument("--target", default="default", help="say target to listen to ('+' = all)")
-    play.add_argument("--out", type=Path, help="write WAV files here instead of playing them")
-    play.add_argument("--count", type=int, help="stop after this many messages")
-    play.set_defaults(func=cmd_play)
-
-    pre = sub.add_parser("prerender", parents=[common], help="render phrases into the cache")
-    pre.add_argument("phrases", nargs="*", help="phrases (default: the config's phrases)")
-    pre.add_argument("--file", type=Path, help="a file of phrases, one per line")
-    pre.add_argument("--voice", help="voice (default: default_voice)")
-    pre.set_defaults(func=cmd_prerender)
-
-    bench = sub.add_parser("bench", parents=[common], help="measure engines and cache latency")
+def _add_bench_parser(sub: Any, common: argparse.ArgumentParser) -> None:
+    bench = add_command(
+        sub,
+        "bench",
+        "measure engines and cache latency",
+        "Measure each engine's speed and the cache-hit latency over MQTT, or a thread sweep, "
+        "or full-size ChatTTS on random weights (--chattts); it starts its own private broker.",
+        [common],
+    )
     bench.add_argument("--requests", type=int, default=200, help="cache-hit requests over MQTT")
     bench.add_argument(
         "--out",
@@ -408,7 +489,95 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--burst", type=int, default=12, help="live requests in the routing burst")
     bench.set_defaults(func=cmd_bench)
 
-    doctor = sub.add_parser("doctor", parents=[common], help="check the setup, line by line")
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tts-bridge",
+        description="MQTT text-to-speech bridge for the home: text in, WAV out.",
+        epilog="Every command takes --config FILE, --cache-dir DIR and --debug; "
+        "`tts-bridge COMMAND --help` describes each.",
+        formatter_class=HelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"tts-bridge {__version__}")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--config", type=Path, help="YAML settings file (default: $TTS_BRIDGE_CONFIG, if set)"
+    )
+    common.add_argument("--debug", action="store_true", help="log at DEBUG level; show tracebacks")
+    common.add_argument("--cache-dir", type=Path, help="override cache.dir")
+    broker = argparse.ArgumentParser(add_help=False)
+    broker.add_argument("--host", help="broker host; overrides mqtt.host")
+    broker.add_argument("--port", type=int, help="broker port; overrides mqtt.port")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = add_command(
+        sub,
+        "run",
+        "run the MQTT bridge",
+        "Connect to the broker and answer say requests until stopped (SIGTERM or Ctrl-C).",
+        [common, broker],
+    )
+    run.set_defaults(func=cmd_run)
+
+    say = add_command(
+        sub,
+        "say",
+        "synthesize offline to a WAV file",
+        "Speak a text into a WAV file without a broker, through the sentence cache.",
+        [common],
+    )
+    say.add_argument("text", help="text to speak ('-' reads standard input)")
+    say.add_argument(
+        "-o",
+        "--output",
+        type=Path,
+        required=True,
+        help="WAV file to write ('-' writes it to standard output)",
+    )
+    say.add_argument("--voice", help="voice name (default: default_voice)")
+    say.add_argument("--lang", help="language of the text (e.g. en, zh)")
+    say.add_argument("--no-cache", action="store_true", help="neither read nor write the cache")
+    say.set_defaults(func=cmd_say)
+
+    _add_cache_parser(sub, common)
+    _add_voices_parser(sub, common)
+    add_models_parser(sub, common)
+    play = add_command(
+        sub,
+        "play",
+        "play (or save) what a target receives",
+        "Subscribe to a say target's audio and play each WAV (aplay, paplay or ffplay), or "
+        "write the files to a folder with --out.",
+        [common, broker],
+    )
+    play.add_argument("--target", default="default", help="say target to listen to ('+' = all)")
+    play.add_argument("--out", type=Path, help="write WAV files here instead of playing them")
+    play.add_argument("--count", type=int, help="stop after this many messages")
+    play.set_defaults(func=cmd_play)
+
+    pre = add_command(
+        sub,
+        "prerender",
+        "render phrases into the cache",
+        "Render phrases into the sentence cache without a broker, so they are answered from "
+        "the cache later.",
+        [common],
+    )
+    pre.add_argument("phrases", nargs="*", help="phrases (default: the config's phrases)")
+    pre.add_argument("--file", type=Path, help="a file of phrases, one per line ('#' comments)")
+    pre.add_argument("--voice", help="voice (default: default_voice)")
+    pre.set_defaults(func=cmd_prerender)
+
+    _add_bench_parser(sub, common)
+
+    doctor = add_command(
+        sub,
+        "doctor",
+        "check the setup, line by line",
+        "Check the broker, the models and voices, the cache folder and disk, and the thread "
+        "plan, one line each; exits 1 when a check fails.",
+        [common, broker],
+    )
     doctor.set_defaults(func=cmd_doctor)
     return parser
 
@@ -423,9 +592,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_CONFIG
     _setup_logging(settings, args.debug)
     from tts_bridge.engines.base import EngineError
+    from tts_bridge.service.journal import JournalError
 
     try:
         return int(args.func(args, settings))
-    except EngineError as exc:  # a model or manifest problem found at start-up
+    except (EngineError, _UsageError) as exc:  # a model, manifest or argument problem
         print(f"tts-bridge: {exc}", file=sys.stderr)
         return EXIT_CONFIG
+    except JournalError as exc:  # e.g. another bridge already runs on this journal
+        if args.debug:
+            raise
+        print(f"tts-bridge: {exc}", file=sys.stderr)
+        return EXIT_RUNTIME
+    except KeyboardInterrupt:
+        return 130

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from tts_bridge import manifests
+from tts_bridge.cli.parsing import add_command
 from tts_bridge.config import Settings
 from tts_bridge.manifests import (
     USER_MANIFEST,
@@ -129,20 +130,61 @@ def _models_quantize(settings: Settings, name: str) -> int:
 
 
 def add_models_parser(sub: Any, common: argparse.ArgumentParser) -> None:
-    parser = sub.add_parser("models", parents=[common], help="list, add or verify model files")
+    parser = add_command(
+        sub,
+        "models",
+        "list, add or verify model files",
+        "Model files the bridge trusts, each recorded with its SHA-256 in a manifest (the "
+        "bundled ones, and models add's in models.dir); list is the default.",
+        [common],
+    )
     parser.set_defaults(func=_cmd_models, models_command="list")
-    models_sub = parser.add_subparsers(dest="models_command")
-    models_sub.add_parser("list", parents=[common], help="models and their files")
-    add = models_sub.add_parser("add", parents=[common], help="trust a model file or folder")
+    models_sub = parser.add_subparsers(
+        dest="models_command", metavar="{list,add,verify,export,quantize}"
+    )
+    add_command(
+        models_sub,
+        "list",
+        "models and their files",
+        "Every known model, where it lives, its file count and size (without hashing).",
+        [common],
+    )
+    add = add_command(
+        models_sub,
+        "add",
+        "trust a model file or folder",
+        "Record a model file (a Piper .onnx with its .onnx.json) or a checkpoint folder as "
+        "trusted: its files' SHA-256 go into the user manifest in models.dir, which must be "
+        "writable.",
+        [common],
+    )
     add.add_argument("name", help="model name for the manifest")
     add.add_argument("path", type=Path, help="model file or checkpoint folder")
-    models_sub.add_parser("verify", parents=[common], help="check every model file's SHA-256")
-    export = models_sub.add_parser(
-        "export", parents=[common], help="ChatTTS checkpoint -> ONNX (needs the torch extra)"
+    add_command(
+        models_sub,
+        "verify",
+        "check every model file's SHA-256",
+        "Hash every model file and compare it with its manifest; exits 1 naming each bad file.",
+        [common],
+    )
+    export = add_command(
+        models_sub,
+        "export",
+        "ChatTTS checkpoint -> ONNX (needs the torch extra)",
+        "Export a ChatTTS checkpoint to ONNX graphs (once, on any machine with the chattts "
+        "extra) and record the export as a model.",
+        [common],
     )
     export.add_argument("kind", choices=["chattts"], help="what to export")
     export.add_argument("--from", dest="source", type=Path, required=True, help="checkpoint")
     export.add_argument("--to", dest="dest", type=Path, required=True, help="output folder")
     export.add_argument("--name", default="chattts-onnx", help="model name for the manifest")
-    quantize = models_sub.add_parser("quantize", parents=[common], help="INT8 ONNX graphs")
+    quantize = add_command(
+        models_sub,
+        "quantize",
+        "INT8 ONNX graphs",
+        "Write INT8 graphs beside an ONNX export (onnxruntime dynamic quantization) and "
+        "record them; the export is verified first.",
+        [common],
+    )
     quantize.add_argument("name", help="an exported model's name")
