@@ -602,7 +602,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except JournalError as exc:  # e.g. another bridge already runs on this journal
         if args.debug:
             raise
-        print(f"tts-bridge: {exc}", file=sys.stderr)
+        hint = ""
+        if "in use" in str(exc):
+            hint = (
+                " (another tts-bridge runs on it: stop that one, or give this one its own "
+                "journal.path, e.g. TTS_BRIDGE_JOURNAL__PATH)"
+            )
+        print(f"tts-bridge: {exc}{hint}", file=sys.stderr)
         return EXIT_RUNTIME
     except KeyboardInterrupt:
         return 130
