@@ -32,6 +32,7 @@ DOCKER = REPO_ROOT / "docker"
 DOCKERFILE = DOCKER / "Dockerfile"
 ENTRYPOINT = DOCKER / "entrypoint.sh"
 COMPOSE = DOCKER / "compose.yaml"
+EXTERNAL = DOCKER / "compose.external-broker.yaml"
 MOSQUITTO_CONF = DOCKER / "mosquitto.conf"
 DOCKERIGNORE = REPO_ROOT / ".dockerignore"
 CONTAINER_CONFIG = Path("/config/config.yaml")
@@ -243,8 +244,11 @@ def test_dockerfile_essentials() -> None:
     assert "TTS_BRIDGE_CACHE__DIR=/data/cache" in environment
     assert "TTS_BRIDGE_MODELS__DIR=/data/models" in environment
     run = " ".join(instruction("RUN"))
-    assert 'pip install --extra-index-url "$TORCH_INDEX_URL" ".[chattts]"' in run
-    assert "0) pip install . ;;" in run
+    # Both variants install the tested versions (constraints.txt, checked by test_packaging).
+    assert 'pip install -c constraints.txt --extra-index-url "$TORCH_INDEX_URL" ".[chattts]"' in run
+    assert "0) pip install -c constraints.txt . ;;" in run
+    assert any("constraints.txt" in a.split()[:-1] for a in instruction("COPY"))
+    assert (REPO_ROOT / "constraints.txt").is_file()
     entrypoint = json.loads(instruction("ENTRYPOINT")[0])
     copies = [a for a in instruction("COPY") if "docker/entrypoint.sh" in a]
     assert copies and copies[0].split()[-1].endswith("/" + entrypoint[0])
@@ -348,6 +352,24 @@ def _environment(service: dict[str, Any]) -> dict[str, str]:
     return {str(k): str(v) for k, v in env.items()}
 
 
+def _read_only_mounts(service: dict[str, Any]) -> set[str]:
+    return {e.split(":")[1] for e in service["volumes"] if e.split(":")[2:] == ["ro"]}
+
+
+def _interpolate(value: str, env: dict[str, str]) -> str:
+    """Compose's ${VAR}, ${VAR:-default} and ${VAR:?error} (what the compose files use)."""
+
+    def one(match: re.Match[str]) -> str:
+        name, op, arg = match.group(1), match.group(2), match.group(3) or ""
+        if env.get(name):
+            return env[name]
+        if op == ":?":
+            raise ValueError(f"{name}: {arg}")
+        return arg if op == ":-" else ""
+
+    return re.sub(r"\$\{([A-Z_][A-Z0-9_]*)(?:(:[-?])([^}]*))?\}", one, value)
+
+
 def _mounts(service: dict[str, Any]) -> dict[str, str]:
     """Container path -> source (a named volume or a path relative to docker/)."""
     mounts = {}
@@ -386,6 +408,46 @@ def test_compose_services_volumes_and_environment() -> None:
     assert set(json.loads(instruction("VOLUME")[0])) <= set(mounts)
     assert mounts["/data/cache"] in compose["volumes"], "the cache is a named volume"
     assert CONTAINER_CONFIG.parent.as_posix() in mounts
+    # `models add` writes its manifest into models.dir; the configuration stays read-only.
+    assert _read_only_mounts(bridge) == {"/config"}
+
+
+def test_compose_broker_is_not_open_to_the_network() -> None:
+    """The bundled mosquitto allows anonymous clients, so it is published on loopback only."""
+    mosquitto = load_compose()["services"]["mosquitto"]
+    anonymous = re.search(
+        r"^allow_anonymous true$", MOSQUITTO_CONF.read_text(encoding="utf-8"), re.MULTILINE
+    )
+    for port in mosquitto.get("ports", []):
+        host_ip = str(port).rsplit(":", 2)[0] if str(port).count(":") == 2 else "0.0.0.0"
+        assert not anonymous or host_ip == "127.0.0.1", f"open anonymous broker on {port}"
+    assert "expose" not in mosquitto
+
+
+def test_external_broker_variant(tmp_path: Path) -> None:
+    compose: dict[str, Any] = yaml.safe_load(EXTERNAL.read_text(encoding="utf-8"))
+    assert set(compose["services"]) == {"tts-bridge"}, "no broker of its own"
+    bridge = compose["services"]["tts-bridge"]
+    assert "depends_on" not in bridge
+    assert (EXTERNAL.parent / bridge["build"]["context"]).resolve() == REPO_ROOT
+    assert _read_only_mounts(bridge) == {"/config"}
+    assert set(_mounts(bridge)) == {"/data/cache", "/data/models", "/data/state", "/config"}
+    # docker/.env as the file's comment shows it; the values reach the bridge as typed text.
+    dot_env = {"MQTT_HOST": "192.168.1.10", "MQTT_USERNAME": "007", "MQTT_PASSWORD": "#123456"}
+    environment = {k: _interpolate(v, dot_env) for k, v in _environment(bridge).items()}
+    mqtt = load_settings(None, environ=environment).mqtt
+    assert (mqtt.host, mqtt.port, mqtt.username, mqtt.password) == (
+        "192.168.1.10",
+        1883,
+        "007",
+        "#123456",
+    )
+    assert "#   MQTT_HOST=192.168.1.10\n" in EXTERNAL.read_text(encoding="utf-8"), "documented"
+    # Without a login the broker is reached anonymously (the empty values mean "not set").
+    anonymous = {k: _interpolate(v, {"MQTT_HOST": "nas"}) for k, v in _environment(bridge).items()}
+    assert load_settings(None, environ=anonymous).mqtt.username is None
+    with pytest.raises(ValueError, match="MQTT_HOST"):
+        _interpolate(_environment(bridge)["TTS_BRIDGE_MQTT__HOST"], {})
 
 
 def test_mosquitto_conf_settings() -> None:
