@@ -8,6 +8,7 @@ path an announcement takes from a Home Assistant automation to the bridge.
 from __future__ import annotations
 
 import json
+import typing
 from typing import Any
 
 import pytest
@@ -16,7 +17,10 @@ from tests.support.harness import MqttProbe, ProbeFactory
 from tts_bridge.config import LimitsSettings
 from tts_bridge.mqtt.discovery import (
     AVAILABILITY_TEMPLATE,
+    EVENT_TYPES,
     NOTIFY_COMMAND_TEMPLATE,
+    TIERS,
+    answer_event,
     birth_topic,
     config_payload,
     device_config,
@@ -24,7 +28,8 @@ from tts_bridge.mqtt.discovery import (
     is_birth,
     removal_payload,
 )
-from tts_bridge.mqtt.protocol import parse_say
+from tts_bridge.mqtt.protocol import SayPayload, Topics, error_response, ok_response, parse_say
+from tts_bridge.speech.synthesis import RequestError, prepare_text
 
 BASE = "tts_bridge"
 NODE = "tts_bridge"
@@ -89,11 +94,18 @@ def test_device_origin_and_availability() -> None:
     assert "url" not in make_config()["o"]
 
 
+def test_configuration_url_only_when_given() -> None:
+    # The device page's "Visit" link: the bridge's HTTP server, when it runs.
+    assert "cu" not in make_config()["dev"]
+    url = "http://192.168.1.20:8080/"
+    assert make_config(configuration_url=url)["dev"]["cu"] == url
+
+
 def test_every_component_has_platform_and_distinct_unique_id() -> None:
     config = make_config()
     components = config["cmps"]
     platforms = sorted(c["p"] for c in components.values())
-    assert platforms == ["notify"] * 3 + ["select"] + ["sensor"] * 4
+    assert platforms == ["event"] + ["notify"] * 3 + ["select"] + ["sensor"] * 4
     ids = [c["uniq_id"] for c in components.values()]
     assert len(set(ids)) == len(ids)
     # Another bridge (another node id) on the same broker gets other ids.
@@ -131,6 +143,118 @@ def test_sensors_read_health_and_select_reads_info() -> None:
     assert select["cmd_t"] == f"{BASE}/bridge/request/default_voice"
     assert select["stat_t"] == f"{BASE}/bridge/info"
     assert select["val_tpl"] == "{{ value_json.default_voice }}"
+
+
+def test_tier_in_use_is_an_enum_sensor() -> None:
+    sensor = make_config()["cmps"]["tier_in_use"]
+    assert sensor["dev_cla"] == "enum"
+    assert sensor["ops"] == ["quality", "fast"]
+    # Home Assistant refuses options together with a state class or a unit.
+    assert "stat_cla" not in sensor and "unit_of_meas" not in sensor
+    # The options are the tiers a request can name, which are the tiers health reports.
+    tier_field = SayPayload.model_fields["tier"].annotation
+    assert set(TIERS) == set(typing.get_args(typing.get_args(tier_field)[0]))
+
+
+def test_event_entity_for_answers() -> None:
+    event = make_config()["cmps"]["answer"]
+    assert event["p"] == "event"
+    assert event["uniq_id"] == f"{NODE}_answer"
+    assert event["def_ent_id"] == "event.tts_bridge_answer"
+    assert event["stat_t"] == f"{BASE}/bridge/event" == Topics(BASE).event  # where the bridge sends
+    assert event["evt_typ"] == ["ok", "error"]
+    assert "val_tpl" not in event  # the payload is the event as it is
+    other = make_config(node_id="garage_bridge", base_topic="garage_tts")["cmps"]["answer"]
+    assert other["stat_t"] == "garage_tts/bridge/event"
+    assert other["def_ent_id"] == "event.garage_bridge_answer"
+
+
+def ha_event(
+    component: dict[str, Any], payload: bytes, *, retain: bool = False
+) -> tuple[str, dict[str, Any]] | None:
+    """What Home Assistant's MQTT event platform makes of a message (its documented handling):
+    retained messages are dropped, the value template (if any) renders the payload, the result
+    must be a JSON object whose event_type is one of the configured event types; the other keys
+    become the event's attributes. None where Home Assistant would drop the message."""
+    if retain:
+        return None
+    text = payload.decode("utf-8")
+    if "val_tpl" in component:
+        text = render(component["val_tpl"], value=text, value_json=json.loads(text))
+    if not text or text in ("None", "{}"):
+        return None
+    try:
+        attributes = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(attributes, dict) or "event_type" not in attributes:
+        return None
+    event_type = str(attributes.pop("event_type"))
+    if event_type not in component["evt_typ"]:
+        return None
+    return event_type, attributes
+
+
+OK_DATA = {
+    "target": "kitchen",
+    "tier": "fast",
+    "engine": "piper",
+    "voice": "joe",
+    "requested_voice": "joe",
+    "cached": False,
+    "duration_ms": 1820,
+    "latency_ms": 240.5,
+    "bytes": 58000,
+}
+
+
+def test_an_ok_answer_is_an_ok_event_with_its_details() -> None:
+    component = make_config()["cmps"]["answer"]
+    answer = json.loads(ok_response("r1", OK_DATA))
+    assert ha_event(component, answer_event(answer, "kitchen")) == (
+        "ok",
+        {
+            "id": "r1",
+            "target": "kitchen",
+            "code": None,
+            "error": None,
+            "voice": "joe",
+            "tier": "fast",
+            "duration_ms": 1820,
+        },
+    )
+
+
+def test_an_emoji_only_announcement_is_an_error_event() -> None:
+    # The path a Home Assistant notify takes for "🎉🍲": the bridge refuses it, and the refusal
+    # (not silence) reaches Home Assistant as an error event with the reason.
+    with pytest.raises(RequestError) as refused:
+        prepare_text("🎉🍲", LimitsSettings().max_text_chars)
+    answer = json.loads(error_response("r2", refused.value.code, str(refused.value)))
+    payload = answer_event(answer, "kitchen")
+    assert ha_event(make_config()["cmps"]["answer"], payload) == (
+        "error",
+        {
+            "id": "r2",
+            "target": "kitchen",
+            "code": "nothing_speakable",
+            "error": str(refused.value),
+            "voice": None,
+            "tier": None,
+            "duration_ms": None,
+        },
+    )
+    # Home Assistant drops events replayed from a retained message; the bridge never retains them.
+    assert ha_event(make_config()["cmps"]["answer"], payload, retain=True) is None
+
+
+def test_every_event_type_is_declared_and_nothing_else_is_sent() -> None:
+    assert EVENT_TYPES == ("ok", "error")
+    with pytest.raises(ValueError, match="status"):
+        answer_event({"status": "pending", "id": "r3"}, "kitchen")
+    # An answer with an id the bridge made up (the request had none) still names its target.
+    event = json.loads(answer_event(json.loads(error_response(None, "invalid_json", "x")), "hall"))
+    assert event["target"] == "hall" and event["id"] is None and event["code"] == "invalid_json"
 
 
 def test_notify_template_escapes_with_tojson() -> None:
@@ -175,8 +299,27 @@ HEALTH_SENSORS = ("queue_depth", "cache_hit_rate", "last_latency", "tier_in_use"
     ("health", "expected"),
     [
         (
-            {"queue_depth": 3, "cache_hit_rate": 0.5, "last_latency_ms": 41.2, "tier_in_use": "q"},
-            ("3", "50.0", "41.2", "q"),
+            {
+                "queue_depth": 3,
+                "cache_hit_rate": 0.5,
+                "last_latency_ms": 41.2,
+                "tier_in_use": "fast",
+            },
+            ("3", "50.0", "41.2", "fast"),
+        ),
+        (
+            {
+                "queue_depth": 1,
+                "cache_hit_rate": 1.0,
+                "last_latency_ms": 0,
+                "tier_in_use": "quality",
+            },
+            ("1", "100.0", "0", "quality"),
+        ),
+        # A tier the enum does not list is unknown, not a state Home Assistant would refuse.
+        (
+            {"queue_depth": 0, "cache_hit_rate": 0.0, "last_latency_ms": 1, "tier_in_use": "turbo"},
+            ("0", "0.0", "1", "None"),
         ),
         (
             {
@@ -215,6 +358,9 @@ def test_select_state_template() -> None:
         ({"voices": ()}, "at least one voice"),
         ({"node_id": "my bridge"}, "node id"),
         ({"base_topic": "tts/#"}, "base topic"),
+        ({"configuration_url": "bridge.local:8080"}, "configuration URL"),
+        ({"configuration_url": "ftp://bridge.local/"}, "configuration URL"),
+        ({"configuration_url": "http:// spaced"}, "configuration URL"),
     ],
 )
 def test_bad_settings_are_refused(overrides: dict[str, Any], fragment: str) -> None:
@@ -224,7 +370,7 @@ def test_bad_settings_are_refused(overrides: dict[str, Any], fragment: str) -> N
 
 def test_no_targets_still_gives_the_bridge_entities() -> None:
     components = make_config(targets=())["cmps"]
-    assert {c["p"] for c in components.values()} == {"sensor", "select"}
+    assert {c["p"] for c in components.values()} == {"sensor", "select", "event"}
 
 
 def _retained_on(probe: MqttProbe, topic: str) -> list[bytes]:

@@ -78,6 +78,7 @@ def test_topics() -> None:
     assert topics.target_of("home/tts/bridge/request/x") is None
     assert topics.audio("kitchen") == "home/tts/audio/kitchen"
     assert topics.response("say") == "home/tts/bridge/response/say"
+    assert topics.event == "home/tts/bridge/event"
 
 
 @settings(max_examples=300, deadline=None)

@@ -4,6 +4,8 @@ Pure builders, no network. The bridge publishes ``device_config(...)`` retained 
 ``discovery_topic(prefix, node_id)`` when it connects and whenever Home Assistant's birth message
 (``<prefix>/status`` = ``online``) arrives, and publishes ``removal_payload()`` retained to the same
 topic when discovery is turned off, which makes Home Assistant remove the device and its entities.
+Every say answer also goes out as ``answer_event(...)`` on ``<base>/bridge/event``, which the
+device's ``event`` entity shows (so a refused announcement is visible in Home Assistant).
 
 Keys use Home Assistant's documented abbreviations (``cmd_t``, ``stat_t``, ...) because the
 config is retained on the broker and re-read by every Home Assistant start.
@@ -24,6 +26,8 @@ ORIGIN_NAME = "tts_bridge"
 _NODE_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 # The same rule as a target in <base>/say/<target>: one safe topic level.
 _TARGET_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+# Home Assistant accepts a device's configuration URL only with a scheme it can open.
+_URL_RE = re.compile(r"^https?://[^\s/?#]+[^\s]*$")
 
 # The notify platform renders its template with the message as ``value`` and publishes only
 # that; ``tojson`` quotes and escapes the message, so quotes, backslashes and newlines in an
@@ -40,8 +44,21 @@ _CACHE_HIT_RATE_TEMPLATE = (
     "if value_json.cache_hit_rate is number else None }}"
 )
 _LAST_LATENCY_TEMPLATE = "{{ value_json.last_latency_ms | default(None) }}"
-_TIER_IN_USE_TEMPLATE = "{{ value_json.tier_in_use | default(None) }}"
+TIERS = ("quality", "fast")
+"""The options of the tier-in-use ``enum`` sensor (the tiers bridge/health reports)."""
+# An enum sensor refuses a state outside its options (Home Assistant logs an error and keeps
+# the old state); anything else is rendered "None", which it shows as unknown.
+_TIER_IN_USE_TEMPLATE = (
+    "{% set tier = value_json.tier_in_use | default(None) %}"
+    "{{ tier if tier in " + json.dumps(list(TIERS)) + " else None }}"
+)
 _DEFAULT_VOICE_TEMPLATE = "{{ value_json.default_voice }}"
+
+EVENT_TYPES = ("ok", "error")
+"""The ``event_type`` of each say answer's event: ok (audio went out) or error (refused)."""
+# What an answer's event carries besides its type; every key is present (None when it does not
+# apply), so an ok event does not keep showing the error of the answer before it.
+EVENT_ATTRIBUTES = ("id", "target", "code", "error", "voice", "tier", "duration_ms")
 
 
 def discovery_topic(prefix: str, node_id: str) -> str:
@@ -76,12 +93,15 @@ def device_config(
     voices: Sequence[str],
     default_voice: str,
     support_url: str | None = None,
+    configuration_url: str | None = None,
 ) -> dict[str, Any]:
     """The device discovery payload: device, origin, availability and every component.
 
     ``targets`` become ``notify`` entities (``notify.<node_id>_<target>``); ``voices`` are the
-    options of the default-voice ``select``. Raises ValueError for names Home Assistant or the
-    bridge's topics would not accept, duplicate targets, or a default voice not in ``voices``.
+    options of the default-voice ``select``; ``configuration_url`` (the bridge's own web page,
+    when it serves one) becomes the device's "Visit" link. Raises ValueError for names Home
+    Assistant or the bridge's topics would not accept, duplicate targets, a default voice not in
+    ``voices``, or a configuration URL that is not http(s).
     """
     _check_node_id(node_id)
     if not base_topic or any(c in base_topic for c in "+#\x00"):
@@ -91,6 +111,8 @@ def device_config(
         raise ValueError("at least one voice is needed for the default-voice select")
     if default_voice not in voices:
         raise ValueError(f"default voice {default_voice!r} is not one of {list(voices)}")
+    if configuration_url is not None and not _URL_RE.match(configuration_url):
+        raise ValueError(f"configuration URL {configuration_url!r} must be an http(s) URL")
 
     origin: dict[str, Any] = {"name": ORIGIN_NAME, "sw": version}
     if support_url:
@@ -143,7 +165,7 @@ def device_config(
         name="Tier in use",
         health_topic=health,
         value_template=_TIER_IN_USE_TEMPLATE,
-        extra={"ic": "mdi:speedometer"},
+        extra={"dev_cla": "enum", "ops": list(TIERS), "ic": "mdi:speedometer"},
     )
     components["default_voice"] = {
         "p": "select",
@@ -160,15 +182,31 @@ def device_config(
         "qos": 1,
         "ic": "mdi:account-voice",
     }
+    components["answer"] = {
+        "p": "event",
+        "name": "Answer",
+        "uniq_id": f"{node_id}_answer",
+        # Automations trigger on it ("when an announcement fails"): a stable entity id.
+        "def_ent_id": f"event.{node_slug}_answer",
+        # The bridge publishes answer_event(...) here for every say answer; the payload is
+        # already the JSON object with event_type the event platform needs, so no template.
+        "stat_t": f"{base_topic}/bridge/event",
+        "evt_typ": list(EVENT_TYPES),
+        "qos": 1,
+        "ic": "mdi:message-alert",
+    }
 
+    device: dict[str, Any] = {
+        "ids": [f"tts_bridge_{node_id}"],
+        "name": DEVICE_NAME,
+        "mf": "tts_bridge",
+        "mdl": "MQTT text-to-speech bridge",
+        "sw": version,
+    }
+    if configuration_url is not None:
+        device["cu"] = configuration_url
     return {
-        "dev": {
-            "ids": [f"tts_bridge_{node_id}"],
-            "name": DEVICE_NAME,
-            "mf": "tts_bridge",
-            "mdl": "MQTT text-to-speech bridge",
-            "sw": version,
-        },
+        "dev": device,
         "o": origin,
         # Shared by every component: the bridge's retained state, {"state": "online"|"offline"}
         # (the Last Will sets offline), so all entities go unavailable when the bridge is gone.
@@ -188,6 +226,26 @@ def config_payload(config: Mapping[str, Any]) -> bytes:
 def removal_payload() -> bytes:
     """Published retained to the discovery topic, an empty payload removes the device."""
     return b""
+
+
+def answer_event(answer: Mapping[str, Any], target: str) -> bytes:
+    """The event of one say answer, for ``<base>/bridge/event`` (not retained: Home Assistant
+    drops replayed retained events).
+
+    ``answer`` is the answer as published on ``<base>/bridge/response/say`` (``{"status": "ok",
+    "id", "data": {...}}`` or ``{"status": "error", "id", "code", "error"}``); ``target`` is the
+    request's target, which an error answer does not carry. Raises ValueError for another status.
+    """
+    status = answer.get("status")
+    if status not in EVENT_TYPES:
+        raise ValueError(f"an answer's status is one of {list(EVENT_TYPES)}, not {status!r}")
+    data = answer.get("data")
+    details: Mapping[str, Any] = data if isinstance(data, Mapping) else {}
+    event: dict[str, Any] = {"event_type": status}
+    for key in EVENT_ATTRIBUTES:
+        event[key] = answer.get(key, details.get(key))
+    event["target"] = target
+    return json.dumps(event, ensure_ascii=False, separators=(",", ":")).encode()
 
 
 def _health_sensor(

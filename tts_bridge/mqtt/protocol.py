@@ -66,6 +66,11 @@ class Topics:
     def health(self) -> str:
         return f"{self.base}/bridge/health"
 
+    @property
+    def event(self) -> str:
+        """Each say answer as a Home Assistant event (see discovery.answer_event)."""
+        return f"{self.base}/bridge/event"
+
     def request_name(self, topic: str) -> str | None:
         """The API name of a bridge request topic ('cache/stats'); None otherwise."""
         prefix = f"{self.base}/bridge/request/"
