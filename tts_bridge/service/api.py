@@ -18,6 +18,7 @@ from tts_bridge.mqtt.protocol import ProtocolError, api_response, parse_api_requ
 from tts_bridge.service.frontend import MqttFrontEnd, shared
 from tts_bridge.service.outbox import Outbox, ReplyTo
 from tts_bridge.service.pipeline import Pipeline, SpeechError
+from tts_bridge.service.preferences import Preferences, PreferencesError
 from tts_bridge.service.reports import Reports
 from tts_bridge.speech.synthesis import RequestError
 
@@ -32,12 +33,18 @@ class ApiError(Exception):
 
 class BridgeApi(MqttFrontEnd):
     def __init__(
-        self, settings: Settings, outbox: Outbox, pipeline: Pipeline, reports: Reports
+        self,
+        settings: Settings,
+        outbox: Outbox,
+        pipeline: Pipeline,
+        reports: Reports,
+        preferences: Preferences,
     ) -> None:
         self._settings = settings
         self._outbox = outbox
         self._pipeline = pipeline
         self._reports = reports
+        self._preferences = preferences
         self.topics = outbox.topics
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="api")
         synth = pipeline.synthesizer
@@ -114,4 +121,10 @@ class BridgeApi(MqttFrontEnd):
             raise ApiError("invalid_request", 'give the voice name (plain text or {"voice": …})')
         self._pipeline.synthesizer.engines.set_default_voice(name)
         self._reports.publish_info()
-        return {"default_voice": name}
+        try:
+            self._preferences.save_default_voice(name)
+        except PreferencesError as exc:
+            # The voice is in use now either way; only the next start will not know it.
+            _LOGGER.error("The default voice %s is not saved for the next start: %s", name, exc)
+            return {"default_voice": name, "saved": False}
+        return {"default_voice": name, "saved": True}

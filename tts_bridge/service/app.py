@@ -22,6 +22,7 @@ from tts_bridge.service.hermes import HermesFrontEnd
 from tts_bridge.service.journal import Journal, JournalError
 from tts_bridge.service.outbox import Connection, Outbox
 from tts_bridge.service.pipeline import Counters, Pipeline
+from tts_bridge.service.preferences import Preferences, restore_default_voice
 from tts_bridge.service.reports import Reports
 from tts_bridge.service.say import SayFrontEnd
 from tts_bridge.speech.hardware import ThreadPlan
@@ -153,6 +154,9 @@ def build(
     synth = synthesizer if synthesizer is not None else build_synthesizer(settings, plan)
     pipeline = build_pipeline(settings, synth, plan.synthesis_concurrency, plan.idle_nice)
     journal = open_journal(settings)
+    # Before anything reports the default voice: the one chosen in Home Assistant last time.
+    preferences = Preferences.beside(settings.journal.path)
+    restore_default_voice(preferences, synth.engines)
     if connection is None:
         will = OutgoingMessage(Topics(settings.mqtt.base_topic).state, OFFLINE, qos=1, retain=True)
         connection = MqttConnection(settings.mqtt, will)
@@ -160,7 +164,7 @@ def build(
     say = SayFrontEnd(settings, outbox, pipeline, journal)
     hermes = HermesFrontEnd(settings, outbox, pipeline)
     reports = Reports(settings, outbox, pipeline)
-    api = BridgeApi(settings, outbox, pipeline, reports)
+    api = BridgeApi(settings, outbox, pipeline, reports, preferences)
     # The MQTT front ends, in dispatch order (each owns distinct topics); a new one goes here.
     front_ends = [say, api, reports, hermes]
     bridge = Bridge(

@@ -8,6 +8,7 @@ payload over the broker's limit: paho would reconnect forever on the broker's re
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from collections.abc import Callable, Sequence
@@ -16,6 +17,7 @@ from typing import Any, Protocol
 
 from tts_bridge.audio import encode_wav
 from tts_bridge.config import Settings
+from tts_bridge.mqtt import discovery
 from tts_bridge.mqtt.client import IncomingMessage, OutgoingMessage
 from tts_bridge.mqtt.protocol import Topics, error_response, new_id
 from tts_bridge.speech.synthesis import AudioPart
@@ -106,6 +108,13 @@ class Outbox:
                 )
             )
 
+    def say_answer(self, target: str, body: bytes, reply: ReplyTo | None = None) -> None:
+        """A say request's one answer (ok or refused): on <base>/bridge/response/say and its
+        response topic, and as Home Assistant's answer event on <base>/bridge/event."""
+        self.answer("say", body, reply)
+        event = discovery.answer_event(json.loads(body), target)
+        self._connection.publish(OutgoingMessage(self.topics.event, event))
+
     def refuse(
         self,
         request_id: str | int | None,
@@ -118,7 +127,7 @@ class Outbox:
         request_id = request_id if request_id is not None else new_id()
         _LOGGER.warning("Request %s for %s refused (%s): %s", request_id, target, code, message)
         body = error_response(request_id, code, message)
-        self.answer("say", body, reply)
+        self.say_answer(target, body, reply)
         return body
 
     # audio

@@ -137,6 +137,7 @@ class SayFrontEnd(MqttFrontEnd):
             return result.entry_id
         if result.status is AcceptStatus.DONE and result.outcome is not None:
             _LOGGER.info("Request %s is a duplicate; answering from the journal", request.id)
+            # The answer again, for whoever missed it; not a second event (nothing new happened).
             self._outbox.answer("say", json.dumps(result.outcome).encode(), reply)
         else:
             _LOGGER.info("Request %s is already being served; duplicate ignored", request.id)
@@ -197,7 +198,7 @@ class SayFrontEnd(MqttFrontEnd):
         body = ok_response(request.id, data)
         # Counted first: a client that reads health after its answer finds it counted.
         self._pipeline.count_answer(job.route.tier, latency_ms)
-        self._outbox.answer("say", body)
+        self._outbox.say_answer(request.target, body)
         self._finish(entry_id, body)
         _LOGGER.info(
             "Request %s done: %s tier, %s/%s, %d ms of audio, cached %d/%d, %.0f ms",
