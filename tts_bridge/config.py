@@ -374,6 +374,21 @@ class HttpSettings(_Section):
         return None if value is None else value.expanduser()
 
 
+class WyomingSettings(_Section):
+    enabled: bool = True
+    """Serve Home Assistant's Wyoming integration (TTS) on host:port."""
+    host: str = "0.0.0.0"
+    """Address the Wyoming server listens on (0.0.0.0 = every interface)."""
+    port: int = Field(10200, ge=1, le=65535)
+    """TCP port of the Wyoming server (10200 is the one Home Assistant's TTS add-ons use)."""
+    name: str = Field("tts_bridge", pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    """TTS program name: Home Assistant's entry title and entity id (tts.<name>)."""
+    zeroconf: bool = True
+    """Announce the server on the LAN (_wyoming._tcp) so Home Assistant discovers it."""
+    zeroconf_name: str | None = Field(None, pattern=r"^[A-Za-z0-9_-]{1,63}$")
+    """Zeroconf instance name, distinct per bridge on a LAN; empty = the program name."""
+
+
 class LoggingSettings(_Section):
     level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     """Log level; --debug overrides it."""
@@ -394,6 +409,7 @@ class Settings(_Section):
     homeassistant: HomeAssistantSettings = Field(default_factory=HomeAssistantSettings)
     hermes: HermesSettings = Field(default_factory=HermesSettings)
     http: HttpSettings = Field(default_factory=HttpSettings)
+    wyoming: WyomingSettings = Field(default_factory=WyomingSettings)
     phrases: list[str] = Field(default_factory=list)
     """Sentences to pre-render in quality at idle (for the default voice)."""
     phrases_file: Path | None = None
