@@ -297,7 +297,7 @@ class _Session(AsyncEventHandler):
         if stream.text.chars > limit:
             raise WyomingRequestError(
                 "text_too_long",
-                f"the streamed text has over {limit} characters; the limit is {limit}",
+                f"the streamed text has more than {limit} characters, the limit",
             )
         if sentences:
             self._queue(stream, sentences)
