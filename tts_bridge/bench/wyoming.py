@@ -126,7 +126,7 @@ def measure(port: int, name: str, voice: str | None, *, cache: bool) -> list[dic
 def bridge_server(settings: Settings) -> Iterator[int]:
     """The bridge's Wyoming server (with its pipeline and scheduler) on a loopback port."""
     from tts_bridge.engines.registry import EnginePool
-    from tts_bridge.service.pipeline import Pipeline
+    from tts_bridge.service.pipeline import Counters, Pipeline
     from tts_bridge.service.wyoming import WyomingServer
     from tts_bridge.speech.cache import SentenceCache
     from tts_bridge.speech.idle import IdleWork
@@ -138,8 +138,8 @@ def bridge_server(settings: Settings) -> Iterator[int]:
     scheduler = Scheduler(1, settings.limits.max_queue)
     sched = settings.scheduler
     router = TierRouter(sched.latency_budget_ms, sched.hysteresis)
-    pipeline = Pipeline(settings, synth, scheduler, router, IdleWork(settings, synth), {})
-    scheduler.start()
+    pipeline = Pipeline(settings, synth, scheduler, router, IdleWork(settings, synth), Counters())
+    pipeline.start()
     server = WyomingServer(settings, pipeline)
     server.start()
     try:
@@ -148,7 +148,7 @@ def bridge_server(settings: Settings) -> Iterator[int]:
         yield settings.wyoming.port
     finally:
         server.stop()
-        scheduler.stop(10.0)
+        pipeline.stop(10.0)
         synth.cache.close()
 
 

@@ -40,6 +40,7 @@ from zeroconf.asyncio import AsyncZeroconf
 
 from tts_bridge import __version__, audio
 from tts_bridge.config import Settings, WyomingSettings
+from tts_bridge.engines.base import Tier
 from tts_bridge.mqtt.protocol import new_id
 from tts_bridge.service.pipeline import Pipeline, SpeechError, SpeechJob
 from tts_bridge.service.wyoming_events import (
@@ -58,7 +59,7 @@ from tts_bridge.service.wyoming_events import (
     requested_voice,
     service_info,
 )
-from tts_bridge.speech.synthesis import AudioPart, Rendering
+from tts_bridge.speech.synthesis import AudioPart, Rendering, RequestError
 from tts_bridge.textlog import short
 
 _LOGGER = logging.getLogger(__name__)
@@ -70,6 +71,8 @@ IDLE_TIMEOUT_S = 120.0
 request and sends its text as it comes, so a silent one is a client that went away."""
 START_TIMEOUT_S = 10.0
 STOP_TIMEOUT_S = 5.0
+LINGER_S = 2.0
+"""After a refusal, how long the server waits for the client to close its side."""
 _MDNS_GROUP = "224.0.0.251"
 
 
@@ -77,18 +80,26 @@ class _ClientGoneError(Exception):
     """The client closed the connection (or the server is stopping)."""
 
 
+class _AbandonedError(RequestError):
+    """Raised into a rendering whose client has gone, to end it on its worker thread.
+
+    A RequestError, so that the pipeline reports it as a refused request (quietly) rather
+    than as an engine failure."""
+
+    def __init__(self) -> None:
+        super().__init__("client_gone", "the client closed the connection")
+
+
 def voice_entries(pipeline: Pipeline) -> tuple[list[VoiceEntry], str]:
     """The configured voices as Wyoming lists them, and the default voice."""
+    catalog = pipeline.voices()
     entries = [
         VoiceEntry(
-            name=v.name,
-            description=v.settings.description,
-            languages=tuple(sorted(v.engine.languages)),
-            engine=v.engine.name,
+            name=v.name, description=v.description or "", languages=v.languages, engine=v.engine
         )
-        for v in pipeline.voices()
+        for v in catalog.voices
     ]
-    return entries, pipeline.default_voice
+    return entries, catalog.default_voice
 
 
 def announced_addresses(settings: WyomingSettings) -> list[str]:
@@ -135,7 +146,7 @@ class _Answer:
 
     voice: str
     language: str | None
-    tier: str | None = None
+    tier: Tier | None = None
     """Pinned by the first job, so that a stream keeps one voice and one sample rate
     (Home Assistant reads the format from the first audio-start only)."""
     rate: int = 0
@@ -202,6 +213,8 @@ class _Session(AsyncEventHandler):
             _LOGGER.exception("Wyoming client %s: request failed", self._peer)
             await self._refuse(WyomingRequestError("internal_error", "internal error"))
         finally:
+            if self._closing:
+                await self._drain()
             await self.disconnect()
 
     async def disconnect(self) -> None:
@@ -236,11 +249,26 @@ class _Session(AsyncEventHandler):
         self._server.pipeline.count_error()
         with contextlib.suppress(_ClientGoneError):
             await self.write_event(error_event(exc.code, str(exc)))
-        await self.stop()
+        # Half-close: the client reads the error, then the end of the stream. The session's
+        # reader ends the connection once the client has closed its side (`_drain`).
+        with contextlib.suppress(OSError, RuntimeError):
+            if self.writer.can_write_eof():
+                self.writer.write_eof()
+
+    async def _drain(self) -> None:
+        """Read and drop what the client still sends after a refusal, until it closes (for a
+        short while at most): closing a socket with unread data resets the connection, and a
+        reset can discard the error event before the client has read it."""
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(LINGER_S):
+                while await self.reader.read(65536):
+                    pass
 
     # events
 
     async def handle_event(self, event: Event) -> bool:
+        if self._closing:  # refused while this event was on its way
+            return False
         kind = event.type
         if Describe.is_type(kind):
             await self.write_event(self._server.info_event())
@@ -433,7 +461,7 @@ class _Delivery:
 
     def _on_part(self, part: AudioPart) -> None:
         if self._abandoned.is_set():
-            raise _ClientGoneError()  # ends the rendering on its worker thread
+            raise _AbandonedError()
         self._post("part", part)
 
     def serve(self, job: SpeechJob) -> None:
