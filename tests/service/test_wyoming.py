@@ -29,11 +29,12 @@ from wyoming.tts import (
     SynthesizeStop,
     SynthesizeVoice,
 )
+from zeroconf.asyncio import AsyncServiceInfo, AsyncZeroconf
 
 from tts_bridge.config import Settings, WyomingSettings, load_settings
 from tts_bridge.engines.registry import EnginePool
 from tts_bridge.service.pipeline import Counters, Pipeline
-from tts_bridge.service.wyoming import WyomingServer, announcement
+from tts_bridge.service.wyoming import WyomingServer, announcement, register
 from tts_bridge.service.wyoming_events import (
     SERVICE_TYPE,
     RequestedVoice,
@@ -41,6 +42,7 @@ from tts_bridge.service.wyoming_events import (
     VoiceEntry,
     WyomingRequestError,
     choose_voice,
+    service_info,
 )
 from tts_bridge.speech.cache import SentenceCache
 from tts_bridge.speech.idle import IdleWork
@@ -474,6 +476,25 @@ def test_announcement_record() -> None:
     assert info.parsed_addresses() == ["192.0.2.10"]
     default_name = announcement(WyomingSettings(host="192.0.2.10"))
     assert default_name is not None and default_name.name.startswith("tts_bridge.")
+
+
+def test_record_registers_and_resolves_on_loopback() -> None:
+    """Registration as the server does it, bound to loopback (nothing reaches the LAN)."""
+    info = service_info("tts_bridge_test", 10299, ["127.0.0.1"])
+
+    async def run() -> tuple[bool, int | None, list[str]]:
+        zeroconf = await register(info)
+        browser = AsyncZeroconf(interfaces=["127.0.0.1"])
+        try:
+            found = AsyncServiceInfo(SERVICE_TYPE, info.name)
+            resolved = await found.async_request(browser.zeroconf, 3000)
+            return resolved, found.port, found.parsed_addresses()
+        finally:
+            await zeroconf.async_unregister_all_services()
+            await zeroconf.async_close()
+            await browser.async_close()
+
+    assert asyncio.run(run()) == (True, 10299, ["127.0.0.1"])
 
 
 def test_no_announcement_when_off_or_on_loopback() -> None:

@@ -579,17 +579,28 @@ class WyomingServer:
         info = announcement(self._settings)
         if info is None:
             return None
-        addresses = [socket.inet_ntoa(a) for a in info.addresses]
-        zeroconf = AsyncZeroconf(interfaces=addresses)
         try:
-            await zeroconf.async_register_service(info, allow_name_change=True)
+            zeroconf = await register(info)
         except Exception as exc:
             _LOGGER.error("Wyoming zeroconf announcement failed: %s", exc)
-            await zeroconf.async_close()
             return None
         self.announced = info
-        _LOGGER.info("Wyoming server announced as %s on %s", info.name, ", ".join(addresses))
+        _LOGGER.info(
+            "Wyoming server announced as %s on %s", info.name, ", ".join(info.parsed_addresses())
+        )
         return zeroconf
+
+
+async def register(info: ServiceInfo) -> AsyncZeroconf:
+    """Register the record on the interfaces of its own addresses only (another instance of
+    the same name on the LAN makes zeroconf pick a free one)."""
+    zeroconf = AsyncZeroconf(interfaces=info.parsed_addresses())
+    try:
+        await zeroconf.async_register_service(info, allow_name_change=True)
+    except BaseException:
+        await zeroconf.async_close()
+        raise
+    return zeroconf
 
 
 async def _cancel_others() -> None:
@@ -601,4 +612,4 @@ async def _cancel_others() -> None:
     await asyncio.gather(*tasks, return_exceptions=True)
 
 
-__all__ = ["WyomingServer", "announcement"]
+__all__ = ["WyomingServer", "announcement", "register"]
