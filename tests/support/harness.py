@@ -31,7 +31,7 @@ from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
-from tts_bridge.bench.localbroker import LocalBroker
+from tts_bridge.bench.localbroker import LocalBroker, free_port
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -478,6 +478,8 @@ class BridgeFactory:
             "cache": {"dir": str(self.tmp_path / "cache"), "max_mb": 64},
             "models": {"dir": str(self.tmp_path / "models")},
             "journal": {"path": str(self.tmp_path / "journal.sqlite3")},
+            # Loopback only and never announced: a test bridge must not appear on the LAN.
+            "wyoming": {"host": "127.0.0.1", "port": free_port(), "zeroconf": False},
         }
 
     def __call__(self, _wait_online: bool = True, **overrides: Any) -> RunningBridge:

@@ -105,6 +105,7 @@ def _start_bridge(
     config["mqtt"].update({"host": host, "port": port, "base_topic": base, "client_id": "bench"})
     config["cache"]["dir"] = str(workdir / "cache")
     config["journal"]["path"] = str(workdir / "journal.sqlite3")
+    config["wyoming"]["enabled"] = False  # an MQTT benchmark: no Wyoming server
     config_path = workdir / "bridge.yaml"
     config_path.write_text(yaml.safe_dump(config), encoding="utf-8")
     return subprocess.Popen(

@@ -91,6 +91,7 @@ def _session(settings: Settings, workdir: Path, overrides: dict[str, Any]) -> It
         )
         config["cache"]["dir"] = str(workdir / "cache")
         config["journal"]["path"] = str(workdir / "journal.sqlite3")
+        config["wyoming"]["enabled"] = False  # an MQTT benchmark: no Wyoming server
         config["homeassistant"]["discovery"] = False
         for section, values in overrides.items():
             config.setdefault(section, {}).update(values)
