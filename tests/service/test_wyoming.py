@@ -31,6 +31,7 @@ from wyoming.tts import (
 )
 from zeroconf.asyncio import AsyncServiceInfo, AsyncZeroconf
 
+from tests.support.harness import BASE_TOPIC, BridgeFactory, ProbeFactory, bridge_api
 from tts_bridge.config import Settings, WyomingSettings, load_settings
 from tts_bridge.engines.registry import EnginePool
 from tts_bridge.service.pipeline import Counters, Pipeline
@@ -581,3 +582,25 @@ def test_choose_voice() -> None:
 def test_info_event_round_trips(running: Running) -> None:
     event = running.server.info_event()
     assert json.loads(json.dumps(event.data))["tts"][0]["voices"]
+
+
+# -- the bridge process ----------------------------------------------------------------------
+
+
+def test_bridge_process_serves_wyoming(
+    bridge_factory: BridgeFactory, probe_factory: ProbeFactory
+) -> None:
+    """`tts-bridge run` starts the Wyoming server with the MQTT bridge, on one pipeline: a
+    Wyoming answer is counted in the bridge's health, next to the MQTT answers."""
+    bridge = bridge_factory(scheduler={"idle_enabled": False})
+    port = int(bridge.config["wyoming"]["port"])
+    probe = probe_factory(f"{BASE_TOPIC}/#")
+    probe.diagnostics = bridge.log_tail
+    answer = exchange(port, say("The bridge speaks Wyoming."))
+    assert answer.rate == JOE_RATE and answer.pcm.size > JOE_RATE // 2
+    streamed = exchange(
+        port, *stream_events("heart", ["Over ", "the stream."]), ends=("synthesize-stopped",)
+    )
+    assert streamed.rate == HEART_RATE and streamed.events[-1].type == "synthesize-stopped"
+    health = bridge_api(probe, "health_check", timeout=TIMEOUT_S)
+    assert health["data"]["answers"]["quality"] == 2

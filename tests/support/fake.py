@@ -204,6 +204,8 @@ def settings_for(tmp_path: Path, overrides: dict[str, Any] | None = None) -> Set
         "models": {"dir": str(tmp_path / "models")},
         "journal": {"path": str(tmp_path / "journal.sqlite3")},
         "synthesis": {"onnx_threads": 1},
+        # On fake connections nothing listens: no Wyoming server (tests/service/test_wyoming.py).
+        "wyoming": {"enabled": False},
     }
     return load_settings(None, deep_merge(base, overrides or {}), environ={})
 

@@ -125,20 +125,11 @@ def measure(port: int, name: str, voice: str | None, *, cache: bool) -> list[dic
 @contextlib.contextmanager
 def bridge_server(settings: Settings) -> Iterator[int]:
     """The bridge's Wyoming server (with its pipeline and scheduler) on a loopback port."""
-    from tts_bridge.engines.registry import EnginePool
-    from tts_bridge.service.pipeline import Counters, Pipeline
+    from tts_bridge.service.app import build_pipeline, build_synthesizer
     from tts_bridge.service.wyoming import WyomingServer
-    from tts_bridge.speech.cache import SentenceCache
-    from tts_bridge.speech.idle import IdleWork
-    from tts_bridge.speech.routing import TierRouter
-    from tts_bridge.speech.scheduler import Scheduler
-    from tts_bridge.speech.synthesis import Synthesizer
 
-    synth = Synthesizer(settings, EnginePool(settings), SentenceCache(settings.cache))
-    scheduler = Scheduler(1, settings.limits.max_queue)
-    sched = settings.scheduler
-    router = TierRouter(sched.latency_budget_ms, sched.hysteresis)
-    pipeline = Pipeline(settings, synth, scheduler, router, IdleWork(settings, synth), Counters())
+    synth = build_synthesizer(settings)
+    pipeline = build_pipeline(settings, synth)
     pipeline.start()
     server = WyomingServer(settings, pipeline)
     server.start()

@@ -25,6 +25,7 @@ from tts_bridge.service.pipeline import Counters, Pipeline
 from tts_bridge.service.preferences import Preferences, restore_default_voice
 from tts_bridge.service.reports import Reports
 from tts_bridge.service.say import SayFrontEnd
+from tts_bridge.service.wyoming import WyomingServer
 from tts_bridge.speech.hardware import ThreadPlan
 from tts_bridge.speech.idle import IdleWork
 from tts_bridge.speech.routing import TierRouter
@@ -177,7 +178,7 @@ def build(
         front_ends=front_ends,
     )
     # Front ends with their own listeners (Wyoming, HTTP) go here, built with the pipeline.
-    servers: list[Server] = []
+    servers: list[Server] = [WyomingServer(settings, pipeline)]
     return Service(
         settings,
         pipeline=pipeline,
