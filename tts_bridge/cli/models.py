@@ -98,6 +98,8 @@ def _cmd_models(args: argparse.Namespace, settings: Settings) -> int:
         return _models_export(settings, args.source, args.dest, args.name)
     if args.models_command == "quantize":
         return _models_quantize(settings, args.name)
+    if args.models_command in ("download", "search"):
+        return _models_hub(args, settings)
     return cmd_models_list(settings)
 
 
@@ -188,3 +190,72 @@ def add_models_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         [common],
     )
     quantize.add_argument("name", help="an exported model's name")
+    _add_hub_parsers(models_sub, common)
+
+
+# -- models download / models search (the hub; see tts_bridge.hub) ------------------------------
+
+
+def _models_hub(args: argparse.Namespace, settings: Settings) -> int:
+    """Download or search; one clear line for any failure, nothing half-trusted left in use."""
+    from tts_bridge.hub.fetch import HubError
+
+    try:
+        return _models_download(args, settings)
+    except (HubError, ModelError) as exc:
+        print(f"tts-bridge: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(
+            "\ntts-bridge: interrupted; nothing was trusted or moved into place. Run the same "
+            "command again: it resumes from the files already downloaded",
+            file=sys.stderr,
+        )
+        return 130
+
+
+def _models_download(args: argparse.Namespace, settings: Settings) -> int:
+    from tts_bridge.hub import chattts, piper
+
+    if args.models_command == "search":
+        revision = args.revision or piper.REVISION
+        return 0 if piper.search(settings, args.lang, revision=revision, stream=sys.stdout) else 1
+    if args.kind == "chattts":
+        if args.name:
+            print("tts-bridge: 'models download chattts' takes no NAME", file=sys.stderr)
+            return 2
+        chattts.download_chattts(settings, revision=args.revision or chattts.REVISION, yes=args.yes)
+        return 0
+    if not args.name:
+        print(
+            "tts-bridge: which voice? e.g. 'models download piper zh_CN-huayan-medium' "
+            "(list them with 'models search piper zh')",
+            file=sys.stderr,
+        )
+        return 2
+    revision = args.revision or piper.REVISION
+    piper.download_piper(
+        settings, args.name, revision=revision, yes=args.yes, add_voice=args.add_voice
+    )
+    return 0
+
+
+def _add_hub_parsers(models_sub: Any, common: argparse.ArgumentParser) -> None:
+    download = models_sub.add_parser(
+        "download",
+        parents=[common],
+        help="fetch ChatTTS or a Piper voice from the model hub (HF_ENDPOINT), verified",
+    )
+    download.add_argument("kind", choices=["chattts", "piper"], help="what to download")
+    download.add_argument("name", nargs="?", help="piper: the voice, e.g. zh_CN-huayan-medium")
+    download.add_argument("--revision", help="hub revision (default: the one this version checked)")
+    download.add_argument("--yes", action="store_true", help="do not ask before downloading")
+    download.add_argument(
+        "--add-voice", metavar="VOICE", help="piper: also add it to the voices file as VOICE"
+    )
+    search = models_sub.add_parser(
+        "search", parents=[common], help="list the Piper voices on the model hub"
+    )
+    search.add_argument("kind", choices=["piper"], help="what to search")
+    search.add_argument("lang", nargs="?", help="language prefix, e.g. zh, de_DE, en_GB")
+    search.add_argument("--revision", help="hub revision (default: the one this version checked)")

@@ -174,7 +174,10 @@ class EnginePool:
             if model is not None and not model.is_absolute():
                 model = settings.models.dir / model
             if model is not None and not model.exists():
-                raise EngineError(f"voices.{name}.model: {model} does not exist")
+                from tts_bridge.hub.layout import fetch_hint
+
+                hint = fetch_hint(model, settings.models.dir)
+                raise EngineError(f"voices.{name}.model: {model} does not exist; {hint}")
             for built in self._build_voices(name, voice, model):
                 self._voices[built.name] = built
         _LOGGER.debug("Voices: %s", ", ".join(f"{v.name}={v.engine.identity}" for v in self))
