@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from pathlib import Path
 from typing import Any
@@ -200,6 +201,8 @@ def _models_hub(args: argparse.Namespace, settings: Settings) -> int:
     """Download or search; one clear line for any failure, nothing half-trusted left in use."""
     from tts_bridge.hub.fetch import HubError
 
+    if not args.debug:  # one line per HTTP request would bury the progress display
+        logging.getLogger("httpx2").setLevel(logging.WARNING)
     try:
         return _models_download(args, settings)
     except (HubError, ModelError) as exc:

@@ -33,6 +33,7 @@ from tts_bridge.hub.fetch import (
     endpoint,
     mb,
     remote_files,
+    remove_empty_staging,
 )
 from tts_bridge.hub.layout import CHATTTS_DIR, CHATTTS_ONNX_DIR, STAGING_DIR
 from tts_bridge.hub.progress import Progress
@@ -301,6 +302,7 @@ def _export_and_quantize(settings: Settings, checkpoint: Path, say: _Say) -> Non
     written = quantize_onnx(work)
     dest.parent.mkdir(parents=True, exist_ok=True)
     work.replace(dest)
+    remove_empty_staging(models_dir)
     manifest = manifests.add_model(CHATTTS_ONNX_DIR, dest, models_dir)
     say(
         f"recorded model {manifest.name}: FP32 and INT8 graphs "

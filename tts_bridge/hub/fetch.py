@@ -228,10 +228,10 @@ class Staging:
                     "the files finished so far are kept and the download resumes"
                 ) from exc
             if _is_hub_error(exc):
-                raise explain(exc, repo, self.revision, file.path) from exc
+                raise _resumable(explain(exc, repo, self.revision, file.path)) from exc
             raise HubError(f"cannot write {file.path} into {self.folder}: {exc}") from exc
         except Exception as exc:
-            raise explain(exc, repo, self.revision, file.path) from exc
+            raise _resumable(explain(exc, repo, self.revision, file.path)) from exc
         if done:
             progress.advance(file.size)
         path = Path(local)
@@ -265,8 +265,7 @@ class Staging:
 
     def clear(self) -> None:
         shutil.rmtree(self.folder, ignore_errors=True)
-        with contextlib.suppress(OSError):
-            (self.models_dir / STAGING_DIR).rmdir()  # only when no other download is staged
+        remove_empty_staging(self.models_dir)
 
     def files(self) -> Iterator[Path]:
         """Every file in staging except huggingface_hub's bookkeeping and the revision mark."""
@@ -274,6 +273,18 @@ class Staging:
             rel = path.relative_to(self.folder)
             if path.is_file() and rel.parts[0] not in (_HUB_METADATA, _REVISION_FILE):
                 yield path
+
+
+def _resumable(error: HubError) -> HubError:
+    return HubError(
+        f"{error}; the files finished so far are kept: run the same command again to resume"
+    )
+
+
+def remove_empty_staging(models_dir: Path) -> None:
+    """Remove models.dir/.downloads once nothing is staged in it."""
+    with contextlib.suppress(OSError):
+        (models_dir / STAGING_DIR).rmdir()
 
 
 def _is_hub_error(exc: OSError) -> bool:
