@@ -143,7 +143,7 @@ def add_models_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     )
     parser.set_defaults(func=_cmd_models, models_command="list")
     models_sub = parser.add_subparsers(
-        dest="models_command", metavar="{list,add,verify,export,quantize}"
+        dest="models_command", metavar="{list,add,verify,export,quantize,download,search}"
     )
     add_command(
         models_sub,
@@ -244,10 +244,15 @@ def _models_download(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _add_hub_parsers(models_sub: Any, common: argparse.ArgumentParser) -> None:
-    download = models_sub.add_parser(
+    download = add_command(
+        models_sub,
         "download",
-        parents=[common],
-        help="fetch ChatTTS or a Piper voice from the model hub (HF_ENDPOINT), verified",
+        "fetch ChatTTS or a Piper voice from the model hub (HF_ENDPOINT), verified",
+        "Download model files from the hub at a revision this version checked (HF_ENDPOINT "
+        "names a mirror), verify every file against its published digest before it is "
+        "trusted, record it in the manifest; chattts then exports to ONNX, quantizes to INT8 "
+        "and makes a default voice when the torch extra is installed.",
+        [common],
     )
     download.add_argument("kind", choices=["chattts", "piper"], help="what to download")
     download.add_argument("name", nargs="?", help="piper: the voice, e.g. zh_CN-huayan-medium")
@@ -256,8 +261,12 @@ def _add_hub_parsers(models_sub: Any, common: argparse.ArgumentParser) -> None:
     download.add_argument(
         "--add-voice", metavar="VOICE", help="piper: also add it to the voices file as VOICE"
     )
-    search = models_sub.add_parser(
-        "search", parents=[common], help="list the Piper voices on the model hub"
+    search = add_command(
+        models_sub,
+        "search",
+        "list the Piper voices on the model hub",
+        "The Piper voices of the pinned voice list, with their languages and sizes.",
+        [common],
     )
     search.add_argument("kind", choices=["piper"], help="what to search")
     search.add_argument("lang", nargs="?", help="language prefix, e.g. zh, de_DE, en_GB")
