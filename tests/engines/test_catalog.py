@@ -196,7 +196,7 @@ def test_engine_specific_voice_keys_are_refused_for_other_kinds(
     tone: EngineSpec, tmp_path: Path
 ) -> None:
     with pytest.raises(
-        ConfigError, match=r"voices\.x: .*backend 'torch' is only for engine chattts"
+        ConfigError, match=r"voices\.x\.backend: 'torch' is only for engine chattts"
     ):
         _settings(tmp_path, {"x": {"engine": "tone", "backend": "torch"}})
     with pytest.raises(ConfigError, match=r"spk_emb is only for engine chattts or chattts-onnx"):
