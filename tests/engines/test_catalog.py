@@ -199,7 +199,9 @@ def test_engine_specific_voice_keys_are_refused_for_other_kinds(
         ConfigError, match=r"voices\.x\.backend: 'torch' is only for engine chattts"
     ):
         _settings(tmp_path, {"x": {"engine": "tone", "backend": "torch"}})
-    with pytest.raises(ConfigError, match=r"spk_emb is only for engine chattts or chattts-onnx"):
+    with pytest.raises(
+        ConfigError, match=r"voices\.x\.spk_emb: is only for engine chattts or chattts-onnx"
+    ):
         _settings(tmp_path, {"x": {"engine": "tone", "spk_emb": "x", "spk_emb_sha256": "0"}})
     with pytest.raises(ConfigError, match=r"voices\.x\.fast_voice: 'auto' is not a voice"):
         _settings(tmp_path, {"x": {"engine": "tone", "fast_voice": "auto"}})
