@@ -4,16 +4,36 @@ A key covers everything that changes the audio: the normalized sentence, the eng
 (which includes the model file's hash), the voice and speaker, the synthesis options and the
 sample rate. diskcache commits an entry only after its value is fully written, and each entry also
 carries a digest of its PCM that is checked on read, so a damaged entry is dropped, never served.
+
+The cache is disposable, so storage faults degrade it and never fail a request:
+
+* **cannot write** (disk full, read-only, I/O error): hits are still served, read without their
+  bookkeeping (recency and hit counters need a write); new audio is returned uncached. One
+  warning per condition, ``stats()["degraded"]`` names it for health, and the cache recovers by
+  itself at the first write that succeeds again (writes are retried as sentences come, and the
+  normal read path every ``_RETRY_S``).
+* **damaged index** (``cache.db`` that SQLite does not recognise): moved aside as
+  ``cache.db.corrupt-<time>`` at open and a new, empty cache is built; the value files it
+  indexed are unreachable without it and are removed.
+* **damaged value** (a pickle that does not load, a truncated file, a PCM digest mismatch): the
+  entry is dropped and reported as a miss, so the sentence is rendered again.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
 import os
+import re
+import shutil
+import sqlite3
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import diskcache
@@ -26,6 +46,10 @@ _LOGGER = logging.getLogger(__name__)
 _FORMAT = 1  # bump when the stored layout changes; old entries are then simply missed
 _STATS_HITS = "stats:hits"
 _STATS_MISSES = "stats:misses"
+_DB_FILE = "cache.db"  # diskcache's index, one per cache folder
+_RETRY_S = 30.0
+"""While degraded, hits try the normal (bookkeeping) read path again this often."""
+_VALUE_DIR = re.compile(r"^[0-9a-f]{2}$")  # diskcache's value files live in <xx>/<yy>/...
 
 
 @dataclass(frozen=True)
@@ -51,6 +75,172 @@ class CachedSentence:
     created: float
 
 
+_ERRNO_CONDITIONS = {
+    errno.ENOSPC: "disk full",
+    errno.EDQUOT: "disk full",
+    errno.EROFS: "read-only",
+    errno.EACCES: "read-only",
+    errno.EPERM: "read-only",
+    errno.EIO: "I/O error",
+}
+# SQLite reports these in its message only (the extended result code is not exposed).
+_SQLITE_CONDITIONS = (
+    ("full", "disk full"),
+    ("readonly", "read-only"),
+    ("read-only", "read-only"),
+    ("disk i/o", "I/O error"),
+    ("locked", "locked"),
+    ("busy", "locked"),
+)
+
+
+def storage_condition(exc: BaseException) -> str:
+    """A short name for why a storage operation failed ('disk full', 'read-only', ...)."""
+    if isinstance(exc, OSError):
+        return _ERRNO_CONDITIONS.get(exc.errno or 0, f"OSError {exc.errno}")
+    if isinstance(exc, diskcache.Timeout):
+        return "locked"
+    text = str(exc).lower()
+    for needle, condition in _SQLITE_CONDITIONS:
+        if needle in text:
+            return condition
+    if isinstance(exc, sqlite3.DatabaseError) and not isinstance(exc, sqlite3.OperationalError):
+        return "damaged"
+    return type(exc).__name__
+
+
+_STORAGE_ERRORS = (sqlite3.Error, OSError, diskcache.Timeout)
+
+
+class _Health:
+    """The cache's write condition: one warning when it starts, one line when it ends."""
+
+    def __init__(self, directory: Path) -> None:
+        self._directory = directory
+        self._lock = threading.Lock()
+        self.condition: str | None = None
+        self.since: float | None = None
+        self.write_errors = 0
+        self.retry_at = 0.0
+
+    def failed(self, what: str, exc: BaseException) -> None:
+        condition = storage_condition(exc)
+        with self._lock:
+            self.write_errors += 1
+            self.retry_at = time.monotonic() + _RETRY_S
+            if condition == self.condition:
+                return
+            self.condition, self.since = condition, time.time()
+        _LOGGER.warning(
+            "Sentence cache %s cannot be written (%s: %s while %s); serving hits read-only and "
+            "new audio uncached until it can",
+            self._directory,
+            condition,
+            exc,
+            what,
+        )
+
+    def succeeded(self) -> None:
+        with self._lock:
+            if self.condition is None:
+                return
+            condition, self.condition, self.since = self.condition, None, None
+        _LOGGER.warning("Sentence cache %s is writable again (was: %s)", self._directory, condition)
+
+    @property
+    def degraded(self) -> bool:
+        return self.condition is not None
+
+    def should_retry(self) -> bool:
+        return time.monotonic() >= self.retry_at
+
+
+def _open_cache(directory: Path, **settings: Any) -> diskcache.Cache:
+    """diskcache.Cache on ``directory``; an index SQLite does not recognise is moved aside."""
+    try:
+        return diskcache.Cache(str(directory), **settings)
+    except sqlite3.OperationalError:
+        raise  # locked, disk full, permissions: not damage, nothing to move aside
+    except sqlite3.DatabaseError as exc:
+        aside = _move_aside(directory)
+        _LOGGER.error(
+            "Sentence cache index %s is damaged (%s); moved it to %s and starting an empty cache",
+            directory / _DB_FILE,
+            exc,
+            aside.name,
+        )
+        return diskcache.Cache(str(directory), **settings)
+
+
+def _move_aside(directory: Path) -> Path:
+    stamp = time.strftime("%Y%m%dT%H%M%S")
+    aside = directory / f"{_DB_FILE}.corrupt-{stamp}"
+    counter = 1
+    while aside.exists():
+        counter += 1
+        aside = directory / f"{_DB_FILE}.corrupt-{stamp}-{counter}"
+    os.replace(directory / _DB_FILE, aside)
+    for suffix in ("-wal", "-shm"):
+        # The damaged index's write-ahead log belongs to it; applied to a new file it would be
+        # garbage again.
+        side = directory / (_DB_FILE + suffix)
+        if side.exists():
+            os.replace(side, Path(str(aside) + suffix))
+    # Value files are only reachable through the index: without it they are disk space lost.
+    for child in directory.iterdir():
+        if child.is_dir() and _VALUE_DIR.match(child.name):
+            shutil.rmtree(child, ignore_errors=True)
+    return aside
+
+
+class _Upgrades:
+    """The upgrade index (see SentenceCache.upgrades) with writes that never raise: a sentence
+    that cannot be remembered for its quality upgrade stays on the fast tier, nothing worse."""
+
+    def __init__(self, directory: Path, health: _Health) -> None:
+        self._health = health
+        self.cache = _open_cache(directory, eviction_policy="none")  # as diskcache.Index
+        self._index = diskcache.Index.fromcache(self.cache)
+
+    def __len__(self) -> int:
+        try:
+            return len(self._index)
+        except _STORAGE_ERRORS as exc:
+            _LOGGER.debug("Upgrade index unreadable: %s", exc)
+            return 0
+
+    def __iter__(self) -> Iterator[str]:
+        try:
+            yield from list(self._index)
+        except _STORAGE_ERRORS as exc:
+            _LOGGER.debug("Upgrade index unreadable: %s", exc)
+
+    def __contains__(self, key: object) -> bool:
+        try:
+            return key in self._index
+        except _STORAGE_ERRORS:
+            return False
+
+    def __setitem__(self, key: str, value: float) -> None:
+        try:
+            self._index[key] = value
+        except _STORAGE_ERRORS as exc:
+            self._health.failed("remembering a quality upgrade", exc)
+        else:
+            self._health.succeeded()
+
+    def pop(self, key: str, default: float | None = None) -> float | None:
+        try:
+            value: float | None = self._index.pop(key, default)
+        except _STORAGE_ERRORS as exc:
+            self._health.failed("forgetting a quality upgrade", exc)
+            return default
+        return value
+
+    def clear(self) -> None:
+        self._index.clear()
+
+
 class SentenceCache:
     """Bounded (least recently used first), persistent and safe across threads and processes."""
 
@@ -59,31 +249,46 @@ class SentenceCache:
         self.directory = settings.dir.expanduser()
         self.directory.mkdir(parents=True, exist_ok=True)
         os.chmod(self.directory, 0o700)  # cached speech can reveal what a household announces
-        self._cache = diskcache.Cache(
-            str(self.directory),
+        self._health = _Health(self.directory)
+        self._cache = _open_cache(
+            self.directory,
             size_limit=settings.max_mb * 1024 * 1024,
             eviction_policy="least-recently-used",
             cull_limit=10,
         )
         # Sentences answered by the fast tier that still need their quality version: a separate
         # persistent, insertion-ordered index, so cache eviction never forgets an upgrade.
-        self.upgrades = diskcache.Index(str(self.directory / "upgrades"))
+        self.upgrades = _Upgrades(self.directory / "upgrades", self._health)
+        # Hits and misses counted while the counters on disk cannot be written.
+        self._unsaved = {_STATS_HITS: 0, _STATS_MISSES: 0}
 
     def close(self) -> None:
         self._cache.close()
         self.upgrades.cache.close()
 
+    @property
+    def degraded(self) -> str | None:
+        """Why the cache cannot be written now ('disk full', ...), or None when it can."""
+        return self._health.condition
+
     def contains(self, key: CacheKey) -> bool:
         """Presence check without touching statistics or recency."""
-        return self.enabled and key.digest() in self._cache
+        if not self.enabled:
+            return False
+        try:
+            return key.digest() in self._cache
+        except _STORAGE_ERRORS as exc:
+            _LOGGER.debug("Cache look-up failed: %s", exc)
+            return False
 
     def get(self, key: CacheKey) -> CachedSentence | None:
+        """The cached sentence, or None (also for a damaged entry, which is dropped)."""
         if not self.enabled:
             return None
         digest = key.digest()
-        value: Any = self._cache.get(digest, default=None, retry=True)
+        value = self._lookup(digest)
         if value is None:
-            self._cache.incr(_STATS_MISSES, retry=True)
+            self._count(_STATS_MISSES)
             return None
         try:
             pcm = np.frombuffer(value["pcm"], dtype="<i2")
@@ -93,17 +298,76 @@ class SentenceCache:
                 pcm, int(value["sample_rate"]), value["tier"], value["engine"], value["created"]
             )
         except (KeyError, TypeError, ValueError) as exc:
-            _LOGGER.warning("Dropping damaged cache entry %s: %s", digest[:16], exc)
-            self._cache.delete(digest, retry=True)
-            self._cache.incr(_STATS_MISSES, retry=True)
+            self._drop(digest, str(exc))
+            self._count(_STATS_MISSES)
             return None
-        self._cache.incr(_STATS_HITS, retry=True)
-        self._cache.incr("hits:" + digest, retry=True)
+        self._count(_STATS_HITS, "hits:" + digest)
         return entry
 
-    def put(self, key: CacheKey, pcm: Int16Audio, tier: str, engine: str) -> None:
-        if not self.enabled:
+    def _lookup(self, digest: str) -> Any:
+        """The stored value or None; with its bookkeeping unless the cache cannot write."""
+        bookkeeping = not self._health.degraded or self._health.should_retry()
+        try:
+            try:
+                return self._read(digest, bookkeeping)
+            except _STORAGE_ERRORS as exc:
+                if not bookkeeping:
+                    raise
+                self._health.failed("reading a sentence", exc)
+                return self._read(digest, bookkeeping=False)
+        except _STORAGE_ERRORS as exc:
+            _LOGGER.warning("Cache entry %s unreadable: %s", digest[:16], exc)
+            return None
+        except Exception as exc:
+            # A damaged value file: pickle raises almost anything on bad bytes (UnpicklingError,
+            # EOFError on a truncated file, ValueError, KeyError, ...).
+            self._drop(digest, f"{type(exc).__name__}: {exc}")
+            return None
+
+    def _read(self, digest: str, bookkeeping: bool) -> Any:
+        if bookkeeping:
+            value = self._cache.get(digest, default=None, retry=True)
+            self._health.succeeded()
+            return value
+        return self._peek(digest)
+
+    def _peek(self, key: str) -> Any:
+        """A value read without diskcache's bookkeeping write (access time, statistics): the
+        same SELECT diskcache runs, on its own connection, then its own decoding."""
+        db_key, raw = self._cache._disk.put(key)
+        rows = self._cache._sql(
+            "SELECT mode, filename, value FROM Cache WHERE key = ? AND raw = ?"
+            " AND (expire_time IS NULL OR expire_time > ?)",
+            (db_key, raw, time.time()),
+        ).fetchall()
+        if not rows:
+            return None
+        mode, filename, value = rows[0]
+        return self._cache._disk.fetch(mode, filename, value, False)
+
+    def _drop(self, digest: str, why: str) -> None:
+        _LOGGER.warning("Dropping damaged cache entry %s: %s", digest[:16], why)
+        try:
+            self._cache.delete(digest, retry=True)
+        except _STORAGE_ERRORS as exc:
+            self._health.failed("dropping a damaged entry", exc)
+
+    def _count(self, counter: str, per_entry: str | None = None) -> None:
+        if self._health.degraded:
+            self._unsaved[counter] += 1
             return
+        try:
+            self._cache.incr(counter, retry=True)
+            if per_entry is not None:
+                self._cache.incr(per_entry, retry=True)
+        except _STORAGE_ERRORS as exc:
+            self._unsaved[counter] += 1
+            self._health.failed("counting hits", exc)
+
+    def put(self, key: CacheKey, pcm: Int16Audio, tier: str, engine: str) -> bool:
+        """Store a sentence; False when it could not be stored (the cache is degraded)."""
+        if not self.enabled:
+            return False
         raw = np.asarray(pcm, dtype="<i2").tobytes()
         value = {
             "pcm": raw,
@@ -115,21 +379,37 @@ class SentenceCache:
             "sentence": key.sentence,
             "voice": key.voice,
         }
-        self._cache.set(key.digest(), value, retry=True)
+        try:
+            self._cache.set(key.digest(), value, retry=True)
+        except _STORAGE_ERRORS as exc:
+            self._health.failed("storing a sentence", exc)
+            return False
+        self._health.succeeded()
+        return True
 
     def stats(self) -> dict[str, Any]:
-        hits = int(self._cache.get(_STATS_HITS, 0, retry=True))
-        misses = int(self._cache.get(_STATS_MISSES, 0, retry=True))
-        entries = sum(1 for k in self._cache.iterkeys() if str(k).startswith("pcm:"))
+        """Counts for health and ``cache/stats``; reads only, so it works on a full disk too."""
+        try:
+            hits = int(self._peek(_STATS_HITS) or 0)
+            misses = int(self._peek(_STATS_MISSES) or 0)
+            entries = sum(1 for k in self._cache.iterkeys() if str(k).startswith("pcm:"))
+            volume = int(self._cache.volume())
+        except _STORAGE_ERRORS as exc:
+            _LOGGER.debug("Cache statistics unreadable: %s", exc)
+            hits = misses = entries = volume = 0
+        hits += self._unsaved[_STATS_HITS]
+        misses += self._unsaved[_STATS_MISSES]
         return {
             "dir": str(self.directory),
             "entries": entries,
-            "bytes": int(self._cache.volume()),
+            "bytes": volume,
             "max_bytes": int(self._cache.size_limit),
             "hits": hits,
             "misses": misses,
             "hit_rate": round(hits / (hits + misses), 4) if hits + misses else None,
             "pending_upgrades": len(self.upgrades),
+            "degraded": self._health.condition,
+            "write_errors": self._health.write_errors,
         }
 
     def clear(self) -> int:
