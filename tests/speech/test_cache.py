@@ -18,7 +18,8 @@ import pytest
 
 from tests.support.fullfs import small_tmpfs
 from tts_bridge.config import CacheSettings
-from tts_bridge.speech.cache import CacheKey, SentenceCache, storage_condition
+from tts_bridge.faults import storage_condition
+from tts_bridge.speech.cache import CacheKey, SentenceCache
 
 
 def _key(sentence: str = "Dinner is ready.", **changes: object) -> CacheKey:

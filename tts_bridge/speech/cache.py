@@ -21,7 +21,6 @@ The cache is disposable, so storage faults degrade it and never fail a request:
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
 import logging
@@ -29,7 +28,6 @@ import os
 import re
 import shutil
 import sqlite3
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
@@ -41,6 +39,7 @@ import numpy as np
 
 from tts_bridge.audio import Int16Audio
 from tts_bridge.config import CacheSettings
+from tts_bridge.faults import FaultCondition
 
 _LOGGER = logging.getLogger(__name__)
 _FORMAT = 1  # bump when the stored layout changes; old entries are then simply missed
@@ -75,84 +74,7 @@ class CachedSentence:
     created: float
 
 
-_ERRNO_CONDITIONS = {
-    errno.ENOSPC: "disk full",
-    errno.EDQUOT: "disk full",
-    errno.EROFS: "read-only",
-    errno.EACCES: "read-only",
-    errno.EPERM: "read-only",
-    errno.EIO: "I/O error",
-}
-# SQLite reports these in its message only (the extended result code is not exposed).
-_SQLITE_CONDITIONS = (
-    ("full", "disk full"),
-    ("readonly", "read-only"),
-    ("read-only", "read-only"),
-    ("disk i/o", "I/O error"),
-    ("locked", "locked"),
-    ("busy", "locked"),
-)
-
-
-def storage_condition(exc: BaseException) -> str:
-    """A short name for why a storage operation failed ('disk full', 'read-only', ...)."""
-    if isinstance(exc, OSError):
-        return _ERRNO_CONDITIONS.get(exc.errno or 0, f"OSError {exc.errno}")
-    if isinstance(exc, diskcache.Timeout):
-        return "locked"
-    text = str(exc).lower()
-    for needle, condition in _SQLITE_CONDITIONS:
-        if needle in text:
-            return condition
-    if isinstance(exc, sqlite3.DatabaseError) and not isinstance(exc, sqlite3.OperationalError):
-        return "damaged"
-    return type(exc).__name__
-
-
 _STORAGE_ERRORS = (sqlite3.Error, OSError, diskcache.Timeout)
-
-
-class _Health:
-    """The cache's write condition: one warning when it starts, one line when it ends."""
-
-    def __init__(self, directory: Path) -> None:
-        self._directory = directory
-        self._lock = threading.Lock()
-        self.condition: str | None = None
-        self.since: float | None = None
-        self.write_errors = 0
-        self.retry_at = 0.0
-
-    def failed(self, what: str, exc: BaseException) -> None:
-        condition = storage_condition(exc)
-        with self._lock:
-            self.write_errors += 1
-            self.retry_at = time.monotonic() + _RETRY_S
-            if condition == self.condition:
-                return
-            self.condition, self.since = condition, time.time()
-        _LOGGER.warning(
-            "Sentence cache %s cannot be written (%s: %s while %s); serving hits read-only and "
-            "new audio uncached until it can",
-            self._directory,
-            condition,
-            exc,
-            what,
-        )
-
-    def succeeded(self) -> None:
-        with self._lock:
-            if self.condition is None:
-                return
-            condition, self.condition, self.since = self.condition, None, None
-        _LOGGER.warning("Sentence cache %s is writable again (was: %s)", self._directory, condition)
-
-    @property
-    def degraded(self) -> bool:
-        return self.condition is not None
-
-    def should_retry(self) -> bool:
-        return time.monotonic() >= self.retry_at
 
 
 def _open_cache(directory: Path, **settings: Any) -> diskcache.Cache:
@@ -197,7 +119,7 @@ class _Upgrades:
     """The upgrade index (see SentenceCache.upgrades) with writes that never raise: a sentence
     that cannot be remembered for its quality upgrade stays on the fast tier, nothing worse."""
 
-    def __init__(self, directory: Path, health: _Health) -> None:
+    def __init__(self, directory: Path, health: FaultCondition) -> None:
         self._health = health
         self.cache = _open_cache(directory, eviction_policy="none")  # as diskcache.Index
         self._index = diskcache.Index.fromcache(self.cache)
@@ -249,7 +171,12 @@ class SentenceCache:
         self.directory = settings.dir.expanduser()
         self.directory.mkdir(parents=True, exist_ok=True)
         os.chmod(self.directory, 0o700)  # cached speech can reveal what a household announces
-        self._health = _Health(self.directory)
+        self._health = FaultCondition(
+            _LOGGER,
+            f"Sentence cache {self.directory}",
+            "serving hits read-only and new audio uncached until it can",
+            retry_s=_RETRY_S,
+        )
         self._cache = _open_cache(
             self.directory,
             size_limit=settings.max_mb * 1024 * 1024,
@@ -409,7 +336,7 @@ class SentenceCache:
             "hit_rate": round(hits / (hits + misses), 4) if hits + misses else None,
             "pending_upgrades": len(self.upgrades),
             "degraded": self._health.condition,
-            "write_errors": self._health.write_errors,
+            "write_errors": self._health.errors,
         }
 
     def clear(self) -> int:

@@ -1,0 +1,99 @@
+"""Names for storage faults, and a log that reports each fault condition once.
+
+The cache and the journal both keep serving when their disk is full or read-only; what they need
+in common is a short name for the condition (for the log and for health) and one warning when a
+condition starts, not one per request.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import sqlite3
+import threading
+import time
+
+_ERRNO_CONDITIONS = {
+    errno.ENOSPC: "disk full",
+    errno.EDQUOT: "disk full",
+    errno.EROFS: "read-only",
+    errno.EACCES: "read-only",
+    errno.EPERM: "read-only",
+    errno.EIO: "I/O error",
+}
+# SQLite reports these in its message only (the extended result code is not exposed on 3.11).
+_SQLITE_CONDITIONS = (
+    ("full", "disk full"),
+    ("readonly", "read-only"),
+    ("read-only", "read-only"),
+    ("disk i/o", "I/O error"),
+    ("locked", "locked"),
+    ("busy", "locked"),
+)
+
+
+def storage_condition(exc: BaseException) -> str:
+    """A short name for why a storage operation failed ('disk full', 'read-only', ...)."""
+    if isinstance(exc, OSError):
+        return _ERRNO_CONDITIONS.get(exc.errno or 0, f"OSError {exc.errno}")
+    text = str(exc).lower()
+    for needle, condition in _SQLITE_CONDITIONS:
+        if needle in text:
+            return condition
+    if isinstance(exc, sqlite3.DatabaseError) and not isinstance(exc, sqlite3.OperationalError):
+        return "damaged"
+    return type(exc).__name__
+
+
+class FaultCondition:
+    """The current write condition of one store: a warning when it starts, one when it ends.
+
+    ``what`` names the store in the log ("Sentence cache /x"), ``consequence`` says what the
+    bridge does meanwhile.
+    """
+
+    def __init__(
+        self, logger: logging.Logger, what: str, consequence: str, retry_s: float = 30.0
+    ) -> None:
+        self._logger = logger
+        self._what = what
+        self._consequence = consequence
+        self._retry_s = retry_s
+        self._lock = threading.Lock()
+        self.condition: str | None = None
+        self.since: float | None = None
+        """Wall-clock time the condition started."""
+        self.errors = 0
+        self._retry_at = 0.0
+
+    def failed(self, doing: str, exc: BaseException) -> None:
+        condition = storage_condition(exc)
+        with self._lock:
+            self.errors += 1
+            self._retry_at = time.monotonic() + self._retry_s
+            if condition == self.condition:
+                return
+            self.condition, self.since = condition, time.time()
+        self._logger.warning(
+            "%s cannot be written (%s: %s while %s); %s",
+            self._what,
+            condition,
+            exc,
+            doing,
+            self._consequence,
+        )
+
+    def succeeded(self) -> None:
+        with self._lock:
+            if self.condition is None:
+                return
+            condition, self.condition, self.since = self.condition, None, None
+        self._logger.warning("%s is writable again (was: %s)", self._what, condition)
+
+    @property
+    def degraded(self) -> bool:
+        return self.condition is not None
+
+    def should_retry(self) -> bool:
+        """True when a degraded store should try its normal (writing) path again."""
+        return time.monotonic() >= self._retry_at
