@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 import signal
 import sqlite3
@@ -17,11 +19,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.fullfs import small_tmpfs
 from tts_bridge.service.journal import (
     AcceptResult,
     AcceptStatus,
     Journal,
     JournalError,
+    Resumed,
     request_key,
 )
 
@@ -312,3 +316,118 @@ def test_a_closed_journal_raises(tmp_path: Path) -> None:
     journal.close()
     with pytest.raises(JournalError, match="closed"):
         journal.unfinished()
+
+
+# -- storage faults: the journal degrades, the request is still answered ----------------------
+
+
+def test_full_disk_accepts_unjournaled_then_recovers(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with small_tmpfs(tmp_path / "fs") as fs:
+        journal = Journal(fs.root / "journal.sqlite3")
+        served = request_key(TOPIC, TEXT, request_id="before")
+        before = _accept(journal, served)
+        assert before.status is AcceptStatus.NEW and before.ack_now
+        fs.fill()
+        caplog.set_level(logging.WARNING, logger="tts_bridge.service.journal")
+        results = [
+            _accept(journal, request_key(TOPIC, TEXT, request_id=f"full-{i}")) for i in range(5)
+        ]
+        assert {r.status for r in results} == {AcceptStatus.UNJOURNALED}
+        assert not any(r.ack_now for r in results)  # ack after the answer is out
+        journal.finish(results[0].entry_id, OK)  # entry 0: nothing to record, no error
+        journal.finish(before.entry_id, OK)  # kept in memory until it can be written
+        health = journal.health()
+        assert health["degraded"] == "disk full"
+        assert health["write_errors"] >= 6 and health["unrecorded_answers"] == 1
+        warned = [r for r in caplog.records if "cannot be written" in r.getMessage()]
+        assert len(warned) == 1  # one per condition, not per request
+        # A redelivery of the answered request is answered from memory, not served again.
+        duplicate = _accept(journal, served)
+        assert (duplicate.status, duplicate.outcome) == (AcceptStatus.DONE, OK)
+
+        fs.free()
+        after = _accept(journal, request_key(TOPIC, TEXT, request_id="after"))
+        assert after.status is AcceptStatus.NEW
+        # Five accepts, one finish and the duplicate's accept failed while the disk was full.
+        assert journal.health() == {"degraded": None, "write_errors": 7, "unrecorded_answers": 0}
+        assert any("writable again" in r.getMessage() for r in caplog.records)
+        journal.close()
+        with Journal(fs.root / "journal.sqlite3") as reopened:
+            # The answer given while the disk was full was written once space returned.
+            assert [e.entry_id for e in reopened.unfinished()] == [after.entry_id]
+            assert reopened.outcome(served) == OK
+
+
+def test_resumed_entries_count_attempts_and_poison_is_handed_back(tmp_path: Path) -> None:
+    path = tmp_path / "journal.sqlite3"
+    with Journal(path) as journal:
+        poison_payload = b'{"text": "hi", "options": {"speed": 0.005}}'
+        poison = _accept(
+            journal, request_key(TOPIC, poison_payload, request_id="p"), payload=poison_payload
+        )
+        later = _accept(journal, request_key(TOPIC, TEXT, request_id="q"))
+    seen = []
+    for _ in range(3):  # three starts, each dying while serving the entry
+        with Journal(path) as journal:
+            resumed = journal.resume(max_attempts=3)
+            assert resumed.poison == []
+            seen.append([(e.entry_id, e.attempts) for e in resumed.entries])
+            if len(seen) == 2:
+                journal.finish(later.entry_id, OK)  # the one after it did finish
+    assert seen == [
+        [(poison.entry_id, 0), (later.entry_id, 0)],
+        [(poison.entry_id, 1), (later.entry_id, 1)],
+        [(poison.entry_id, 2)],
+    ]
+    with Journal(path) as journal:
+        resumed = journal.resume(max_attempts=3)
+        assert resumed.entries == []
+        [entry] = resumed.poison
+        assert (entry.entry_id, entry.attempts, entry.payload) == (
+            poison.entry_id,
+            3,
+            poison_payload,
+        )
+        journal.finish(entry.entry_id, {"status": "error", "code": "poison_request"})
+    with Journal(path) as journal:
+        assert journal.resume() == Resumed([], [])
+        assert journal.unfinished() == []
+
+
+def test_outcome_with_a_lone_surrogate_is_recorded(journal: Journal) -> None:
+    result = _accept(journal, request_key(TOPIC, TEXT, request_id="s"))
+    journal.finish(result.entry_id, {"status": "error", "id": "\ud800", "code": "x"})
+    assert journal.outcome(request_key(TOPIC, TEXT, request_id="s")) == {
+        "status": "error",
+        "id": "\ud800",
+        "code": "x",
+    }
+
+
+_V1_SCHEMA = """
+CREATE TABLE entries (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, key TEXT NOT NULL, topic TEXT NOT NULL,
+    payload BLOB NOT NULL, response_topic TEXT, correlation_data BLOB,
+    received_at REAL NOT NULL, finished_at REAL, outcome TEXT
+);
+CREATE INDEX entries_by_key ON entries (key, id);
+CREATE INDEX entries_unfinished ON entries (id) WHERE finished_at IS NULL;
+PRAGMA application_id = 1414812490;
+PRAGMA user_version = 1;
+INSERT INTO entries (key, topic, payload, received_at) VALUES ('k', 'tts_bridge/say', X'6869', 1.0);
+"""
+
+
+def test_a_format_1_journal_is_migrated(tmp_path: Path) -> None:
+    path = tmp_path / "journal.sqlite3"
+    with contextlib.closing(sqlite3.connect(path)) as old:
+        old.executescript(_V1_SCHEMA)
+    with Journal(path) as journal:
+        [entry] = journal.unfinished()
+        assert (entry.key, entry.payload, entry.attempts) == ("k", b"hi", 0)
+        assert [e.attempts for e in journal.resume().entries] == [0]
+        assert [e.attempts for e in journal.unfinished()] == [1]
+    with contextlib.closing(sqlite3.connect(path)) as reread:
+        assert reread.execute("PRAGMA user_version").fetchone() == (2,)

@@ -11,10 +11,22 @@ Order of operations in the bridge::
     key = request_key(msg.topic, msg.payload, request_id=parsed_id, packet_id=msg.mid)
     result = journal.accept(key, msg.topic, msg.payload, ...,
                             dedupe=parsed_id is not None or msg.dup)
-    client.ack(msg.mid, msg.qos)  # only after accept() returned
+    NEW, IN_PROGRESS, DONE -> client.ack(msg.mid, msg.qos)  # only after accept() returned
     NEW -> serve; publish; journal.finish(result.entry_id, response_body)
     IN_PROGRESS -> nothing (this run is serving it, or resumed it at start)
     DONE -> publish result.outcome again, no synthesis
+    UNJOURNALED -> serve; publish; then client.ack(msg.mid, msg.qos)
+
+UNJOURNALED means the journal cannot be written (disk full, I/O error): the request is served
+without it and acked only once its answer is out, so a crash before that leaves it with the
+broker, which delivers it again; at-least-once holds, only without the journal's dedupe. The
+journal logs one warning per condition and tries again at every accept(), so it recovers by
+itself when space returns; answers it could not record meanwhile are recorded then.
+
+At start, ``resume(max_attempts)`` hands back the unfinished entries to serve again, each with
+the number of times it was resumed before, and separately the ones resumed ``max_attempts``
+times without finishing: a request that kills the bridge (out of memory, say) would otherwise
+be resumed, and kill it, at every start. Answer those with an error and finish() them.
 
 What is not covered: a crash after the audio went out but before finish() committed speaks that
 request again after restart (publish and commit cannot be one atomic step; finishing first would
@@ -33,18 +45,26 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
+
+from tts_bridge.faults import FaultCondition
 
 _LOGGER = logging.getLogger(__name__)
 
 # Marks the file as ours, so a journal path pointed at some other SQLite file (the sentence cache,
 # say) is refused instead of having tables added to it. "TTSJ" in ASCII.
 _APPLICATION_ID = 0x5454534A
-_SCHEMA_VERSION = 1
+_SCHEMA_VERSION = 2
+DEFAULT_MAX_ATTEMPTS = 3
+"""Times an unfinished entry is resumed before resume() hands it back as poison."""
+_MIGRATIONS = {
+    # version -> the script that brings a journal of that version to the next one
+    1: "ALTER TABLE entries ADD COLUMN attempts INTEGER NOT NULL DEFAULT 0;",
+}
 _SCHEMA = """
 CREATE TABLE entries (
     -- AUTOINCREMENT: an id is never reused after prune, so a stale id can never finish a newer
@@ -59,7 +79,9 @@ CREATE TABLE entries (
     correlation_data BLOB,
     received_at REAL NOT NULL,
     finished_at REAL,
-    outcome TEXT
+    outcome TEXT,
+    -- How often the entry was handed back by resume() without being finished since.
+    attempts INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX entries_by_key ON entries (key, id);
 CREATE INDEX entries_unfinished ON entries (id) WHERE finished_at IS NULL;
@@ -85,15 +107,23 @@ class AcceptStatus(enum.Enum):
     """Accepted earlier and not finished: being served, or resumed from unfinished() at start."""
     DONE = "done"
     """Answered earlier: publish ``outcome`` again, do not synthesize."""
+    UNJOURNALED = "unjournaled"
+    """The journal cannot be written now: serve it, and ack only after the answer is out."""
 
 
 @dataclass(frozen=True)
 class AcceptResult:
     status: AcceptStatus
     entry_id: int
-    """The entry to finish(); keys can repeat, entry ids cannot."""
+    """The entry to finish(); keys can repeat, entry ids cannot. 0 for UNJOURNALED (there is
+    no entry; finish(0, ...) does nothing)."""
     outcome: dict[str, Any] | None = None
     """The stored response body, for DONE only."""
+
+    @property
+    def ack_now(self) -> bool:
+        """Ack the message now (True), or only after its answer is out (UNJOURNALED)."""
+        return self.status is not AcceptStatus.UNJOURNALED
 
 
 @dataclass(frozen=True)
@@ -108,6 +138,19 @@ class JournalEntry:
     correlation_data: bytes | None
     received_at: float
     """Wall-clock seconds (time.time()), so that it still means something after a restart."""
+    attempts: int = 0
+    """Times resume() handed it back before without it being finished."""
+
+
+@dataclass(frozen=True)
+class Resumed:
+    """What resume() hands back at start."""
+
+    entries: list[JournalEntry]
+    """Serve these again, oldest first (their attempt is already counted)."""
+    poison: list[JournalEntry]
+    """Resumed ``max_attempts`` times and never finished: answer each with an error (code
+    ``poison_request``) and finish() it, do not serve it again."""
 
 
 def request_key(
@@ -180,6 +223,17 @@ class Journal:
         self.keep_done_s = keep_done_s
         self.max_entries = max_entries
         self._lock = threading.Lock()
+        self._lock_timeout_s = lock_timeout_s
+        self._fault = FaultCondition(
+            _LOGGER,
+            f"Request journal {self.path}",
+            "serving requests without it, each acknowledged after its answer is out",
+            retry_s=0.0,  # every accept() tries again: one small write, and it must recover
+        )
+        # finish() calls that could not be written: entry id -> outcome, written at the next
+        # transaction that works (until then a restart would serve them again).
+        self._unwritten: dict[int, str] = {}
+        self._after_commit: list[Callable[[], object]] = []
         self._prepare_file()
         self._connection: sqlite3.Connection | None = self._open(lock_timeout_s)
 
@@ -260,6 +314,13 @@ class Journal:
                 return
             if app_id != _APPLICATION_ID:
                 raise JournalError(self.path, "an SQLite file, but not a tts_bridge journal")
+            while version in _MIGRATIONS:
+                connection.executescript(
+                    f"BEGIN IMMEDIATE; {_MIGRATIONS[version]}"
+                    f"PRAGMA user_version = {version + 1}; COMMIT;"
+                )
+                _LOGGER.info("Request journal %s migrated to format %d", self.path, version + 1)
+                version += 1
             if version != _SCHEMA_VERSION:
                 raise JournalError(
                     self.path, f"journal format {version}, this version reads {_SCHEMA_VERSION}"
@@ -291,28 +352,65 @@ class Journal:
         With ``dedupe`` (see request_key for when) an entry with the same key from the last
         ``keep_done_s`` makes this a duplicate: IN_PROGRESS or DONE, nothing written. Otherwise,
         or when there is no such entry, the request is committed to disk before this returns
-        NEW. Raises JournalError when it cannot be written; the request must then not be acked.
+        NEW. When it cannot be written (disk full, I/O error) this returns UNJOURNALED instead
+        of raising: serve the request and ack it only after its answer is out. Raises
+        JournalError only when the journal is closed.
         """
-        with self._transaction() as connection:
-            if dedupe:
-                row = connection.execute(
-                    "SELECT id, finished_at, outcome FROM entries WHERE key = ? "
-                    "AND (finished_at IS NULL OR finished_at >= ?) ORDER BY id DESC LIMIT 1",
-                    (key, received_at - self.keep_done_s),
-                ).fetchone()
-                if row is not None:
-                    entry_id, finished_at, outcome = row
-                    if finished_at is None:
-                        return AcceptResult(AcceptStatus.IN_PROGRESS, entry_id)
-                    return AcceptResult(AcceptStatus.DONE, entry_id, json.loads(outcome))
-            cursor = connection.execute(
-                "INSERT INTO entries (key, topic, payload, response_topic, correlation_data, "
-                "received_at) VALUES (?, ?, ?, ?, ?, ?)",
-                (key, topic, payload, response_topic, correlation_data, received_at),
-            )
-            entry_id = cursor.lastrowid
-            assert entry_id is not None  # always set after an INSERT into a rowid table
-            return AcceptResult(AcceptStatus.NEW, entry_id)
+        try:
+            with self._transaction() as connection:
+                self._write_unwritten(connection)
+                result = self._accept(
+                    connection,
+                    key,
+                    topic=topic,
+                    payload=payload,
+                    response_topic=response_topic,
+                    correlation_data=correlation_data,
+                    received_at=received_at,
+                    dedupe=dedupe,
+                )
+        except _StorageError as fault:
+            self._fault.failed("journaling a request", fault.cause)
+            # A duplicate is still recognised: the look-up only reads.
+            duplicate = self._read_only_duplicate(key, received_at) if dedupe else None
+            return duplicate or AcceptResult(AcceptStatus.UNJOURNALED, 0)
+        self._fault.succeeded()
+        return result
+
+    def _read_only_duplicate(self, key: str, received_at: float) -> AcceptResult | None:
+        with self._lock:
+            if self._connection is None:
+                return None
+            try:
+                return self._duplicate(self._connection, key, received_at)
+            except sqlite3.Error as exc:
+                _LOGGER.debug("Journal look-up failed too: %s", exc)
+                return None
+
+    def _accept(
+        self,
+        connection: sqlite3.Connection,
+        key: str,
+        *,
+        topic: str,
+        payload: bytes,
+        response_topic: str | None,
+        correlation_data: bytes | None,
+        received_at: float,
+        dedupe: bool,
+    ) -> AcceptResult:
+        if dedupe:
+            duplicate = self._duplicate(connection, key, received_at)
+            if duplicate is not None:
+                return duplicate
+        cursor = connection.execute(
+            "INSERT INTO entries (key, topic, payload, response_topic, correlation_data, "
+            "received_at) VALUES (?, ?, ?, ?, ?, ?)",
+            (key, topic, payload, response_topic, correlation_data, received_at),
+        )
+        entry_id = cursor.lastrowid
+        assert entry_id is not None  # always set after an INSERT into a rowid table
+        return AcceptResult(AcceptStatus.NEW, entry_id)
 
     def finish(self, entry_id: int, outcome: dict[str, Any]) -> None:
         """Store the response body that was published and mark the entry done, durably.
@@ -320,47 +418,124 @@ class Journal:
         Call it after the answer went out. The payload is dropped: answering a duplicate needs
         only the outcome, and the text of past announcements is not kept longer than needed.
         Finishing an entry twice keeps the first outcome (that is the answer already given).
+        ``entry_id`` 0 (an UNJOURNALED request) does nothing. When the journal cannot be
+        written the outcome is kept in memory and written with the next transaction that works
+        (a duplicate is answered from it meanwhile); a restart before that serves it again.
         """
-        body = json.dumps(outcome, ensure_ascii=False, separators=(",", ":"))
-        with self._transaction() as connection:
-            updated = connection.execute(
-                "UPDATE entries SET finished_at = ?, outcome = ?, payload = X'', "
-                "response_topic = NULL, correlation_data = NULL "
-                "WHERE id = ? AND finished_at IS NULL",
-                (time.time(), body, entry_id),
-            ).rowcount
-            if updated:
-                return
-            exists = connection.execute(
-                "SELECT 1 FROM entries WHERE id = ?", (entry_id,)
-            ).fetchone()
+        if entry_id == 0:
+            return
+        body = json.dumps(outcome, ensure_ascii=True, separators=(",", ":"))
+        try:
+            with self._transaction() as connection:
+                self._write_unwritten(connection)
+                updated = self._finish(connection, entry_id, body)
+                exists = (
+                    updated
+                    or connection.execute(
+                        "SELECT 1 FROM entries WHERE id = ?", (entry_id,)
+                    ).fetchone()
+                )
+        except _StorageError as fault:
+            self._fault.failed("recording an answer", fault.cause)
+            self._unwritten.setdefault(entry_id, body)
+            return
+        self._fault.succeeded()
+        if updated:
+            return
         if exists is None:
             raise JournalError(self.path, f"no entry {entry_id} to finish")
         _LOGGER.warning(
             "Journal entry %d was already finished; keeping the first outcome", entry_id
         )
 
+    def _duplicate(
+        self, connection: sqlite3.Connection, key: str, received_at: float
+    ) -> AcceptResult | None:
+        row = connection.execute(
+            "SELECT id, finished_at, outcome FROM entries WHERE key = ? "
+            "AND (finished_at IS NULL OR finished_at >= ?) ORDER BY id DESC LIMIT 1",
+            (key, received_at - self.keep_done_s),
+        ).fetchone()
+        if row is None:
+            return None
+        entry_id, finished_at, outcome = row
+        if finished_at is None:
+            unwritten = self._unwritten.get(entry_id)
+            if unwritten is None:
+                return AcceptResult(AcceptStatus.IN_PROGRESS, entry_id)
+            return AcceptResult(AcceptStatus.DONE, entry_id, json.loads(unwritten))
+        return AcceptResult(AcceptStatus.DONE, entry_id, json.loads(outcome))
+
+    @staticmethod
+    def _finish(connection: sqlite3.Connection, entry_id: int, body: str) -> bool:
+        return bool(
+            connection.execute(
+                "UPDATE entries SET finished_at = ?, outcome = ?, payload = X'', "
+                "response_topic = NULL, correlation_data = NULL "
+                "WHERE id = ? AND finished_at IS NULL",
+                (time.time(), body, entry_id),
+            ).rowcount
+        )
+
+    def _write_unwritten(self, connection: sqlite3.Connection) -> None:
+        """Record the answers finish() could not write, in the caller's transaction."""
+        if not self._unwritten:
+            return
+        pending = dict(self._unwritten)
+        for entry_id, body in pending.items():
+            self._finish(connection, entry_id, body)
+        # Forgotten only once the transaction commits (else the next one tries again).
+        self._after_commit.append(lambda: [self._unwritten.pop(i, None) for i in pending])
+
+    def health(self) -> dict[str, Any]:
+        """For the bridge's health report: whether the journal can be written now."""
+        return {
+            "degraded": self._fault.condition,
+            "write_errors": self._fault.errors,
+            "unrecorded_answers": len(self._unwritten),
+        }
+
     # -- start-up, look-ups and housekeeping ------------------------------------------------
 
     def unfinished(self) -> list[JournalEntry]:
-        """Accepted but not finished entries, oldest accepted first: resume these at start."""
+        """Accepted but not finished entries, oldest accepted first (a look, no attempt counted;
+        the bridge resumes with resume())."""
         with self._transaction() as connection:
-            rows = connection.execute(
-                "SELECT id, key, topic, payload, response_topic, correlation_data, received_at "
-                "FROM entries WHERE finished_at IS NULL ORDER BY id"
-            ).fetchall()
-        return [
-            JournalEntry(
-                entry_id=row[0],
-                key=row[1],
-                topic=row[2],
-                payload=bytes(row[3]),
-                response_topic=row[4],
-                correlation_data=bytes(row[5]) if row[5] is not None else None,
-                received_at=row[6],
+            rows = connection.execute(_UNFINISHED).fetchall()
+        return [_entry(row) for row in rows if row[0] not in self._unwritten]
+
+    def resume(self, max_attempts: int = DEFAULT_MAX_ATTEMPTS) -> Resumed:
+        """The unfinished entries to serve again at start, and the poison ones (see Resumed).
+
+        Counts this attempt for each entry handed back to serve, in the same transaction, so
+        a crash while serving it counts. If that cannot be written (disk full at start) the
+        entries are still handed back and the attempt is not counted (logged).
+        """
+        if max_attempts < 1:
+            raise ValueError("max_attempts must be at least 1")
+        with self._transaction() as connection:
+            rows = connection.execute(_UNFINISHED).fetchall()
+        entries = [_entry(row) for row in rows if row[0] not in self._unwritten]
+        serve = [e for e in entries if e.attempts < max_attempts]
+        poison = [e for e in entries if e.attempts >= max_attempts]
+        for entry in poison:
+            _LOGGER.error(
+                "Request journal entry %d (%s) was resumed %d times and never finished; "
+                "answering it with an error instead of serving it again",
+                entry.entry_id,
+                entry.topic,
+                entry.attempts,
             )
-            for row in rows
-        ]
+        if serve:
+            try:
+                with self._transaction() as connection:
+                    connection.executemany(
+                        "UPDATE entries SET attempts = attempts + 1 WHERE id = ?",
+                        [(e.entry_id,) for e in serve],
+                    )
+            except _StorageError as fault:
+                self._fault.failed("counting resumed requests", fault.cause)
+        return Resumed(serve, poison)
 
     def outcome(self, key: str) -> dict[str, Any] | None:
         """The newest stored outcome for ``key``, or None when none is finished (or kept)."""
@@ -418,11 +593,16 @@ class Journal:
 
     @contextlib.contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
-        """The connection in one transaction under the lock; sqlite3 errors become JournalError."""
+        """The connection in one transaction under the lock.
+
+        sqlite3 errors become _StorageError (a JournalError), which accept() and finish() turn
+        into their degraded answers; the other methods let it propagate as a JournalError.
+        """
         with self._lock:
             connection = self._connection
             if connection is None:
                 raise JournalError(self.path, "closed")
+            self._after_commit = []
             try:
                 # The file is locked exclusively by this process, so IMMEDIATE never waits; it
                 # just makes the look-up and the insert in accept() one transaction.
@@ -436,7 +616,39 @@ class Journal:
                 connection.execute("COMMIT")
             except sqlite3.Error as exc:
                 # Disk full, I/O error, damage found late: the caller must not ack.
-                raise JournalError(self.path, f"{type(exc).__name__}: {exc}") from exc
+                if connection.in_transaction:
+                    with contextlib.suppress(sqlite3.Error):
+                        connection.execute("ROLLBACK")
+                raise _StorageError(self.path, exc) from exc
+            for hook in self._after_commit:
+                hook()
+
+
+class _StorageError(JournalError):
+    """A journal operation failed in SQLite (disk full, I/O error, ...)."""
+
+    def __init__(self, path: Path, cause: sqlite3.Error) -> None:
+        super().__init__(path, f"{type(cause).__name__}: {cause}")
+        self.cause = cause
+
+
+_UNFINISHED = (
+    "SELECT id, key, topic, payload, response_topic, correlation_data, received_at, attempts "
+    "FROM entries WHERE finished_at IS NULL ORDER BY id"
+)
+
+
+def _entry(row: tuple[Any, ...]) -> JournalEntry:
+    return JournalEntry(
+        entry_id=row[0],
+        key=row[1],
+        topic=row[2],
+        payload=bytes(row[3]),
+        response_topic=row[4],
+        correlation_data=bytes(row[5]) if row[5] is not None else None,
+        received_at=row[6],
+        attempts=row[7],
+    )
 
 
 def _fsync_directory(directory: Path) -> None:
