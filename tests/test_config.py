@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
-from tts_bridge.config import ConfigError, Settings, load_settings
+from tts_bridge.config import ConfigError, MqttSettings, Settings, default_client_id, load_settings
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "config.example.yaml"
@@ -30,7 +30,13 @@ def _keys(model: type[BaseModel], prefix: str = "") -> set[str]:
 def test_example_config_loads_and_matches_defaults() -> None:
     settings = load_settings(EXAMPLE, environ={})
     defaults = Settings()
-    assert settings.mqtt == defaults.mqtt
+    # client_id "auto" follows the journal folder, which the example spells as a literal path
+    # (here the tests' own XDG folders differ from it).
+    assert settings.mqtt.client_id == default_client_id(settings.journal.path.parent)
+    assert defaults.mqtt.client_id == default_client_id(defaults.journal.path.parent)
+    assert settings.mqtt.model_copy(update={"client_id": "x"}) == defaults.mqtt.model_copy(
+        update={"client_id": "x"}
+    )
     assert settings.limits == defaults.limits
     assert settings.synthesis == defaults.synthesis
     assert set(settings.voices) == set(defaults.voices)
@@ -404,3 +410,21 @@ def test_environment_errors_exit_2_with_one_line(env: dict[str, str], stderr: st
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1, done.stderr
     assert stderr in lines[0]
+
+
+def test_default_client_id_is_stable_and_distinct_per_state_folder(tmp_path: Path) -> None:
+    first = load_settings(None, {"journal": {"path": str(tmp_path / "a" / "j.sqlite3")}}, {})
+    again = load_settings(None, {"journal": {"path": str(tmp_path / "a" / "j.sqlite3")}}, {})
+    other = load_settings(None, {"journal": {"path": str(tmp_path / "b" / "j.sqlite3")}}, {})
+    assert first.mqtt.client_id == again.mqtt.client_id
+    assert first.mqtt.client_id != other.mqtt.client_id
+    assert first.mqtt.client_id.startswith("tts_bridge-")
+    explicit = load_settings(None, {"mqtt": {"client_id": "kitchen-bridge"}}, {})
+    assert explicit.mqtt.client_id == "kitchen-bridge"
+
+
+def test_response_topics_must_be_topic_filters() -> None:
+    assert MqttSettings(response_topics=["clients/#", "a/+/b"]).response_topics
+    for bad in ("a/#/b", "a/b#", "x+/y", ""):
+        with pytest.raises(ValueError, match="topic filter"):
+            MqttSettings(response_topics=[bad])

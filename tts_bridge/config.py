@@ -13,10 +13,12 @@ empty value means "not set" for a setting that may be empty. Variables that name
 from __future__ import annotations
 
 import difflib
+import hashlib
 import json
 import logging
 import os
 import re
+import socket
 import types
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -38,6 +40,8 @@ FALLBACK_FAST_VOICE = "heart"
 """The fast voice "auto" stands for when a ChatTTS voice has no INT8 export: the bundled
 hibari voice (English only; Chinese text stays on ChatTTS)."""
 _NAME_RE = re.compile(NAME_PATTERN)
+AUTO_CLIENT_ID = "auto"
+"""mqtt.client_id that stands for one derived from the host and the state folder."""
 
 
 def _xdg(kind: str, fallback: str) -> Path:
@@ -51,6 +55,14 @@ def default_cache_dir() -> Path:
 
 def default_data_dir() -> Path:
     return _xdg("XDG_DATA_HOME", ".local/share") / "tts_bridge"
+
+
+def default_client_id(state_dir: Path | None = None) -> str:
+    """``tts_bridge-<hash>`` of the host name and the state folder (where the journal lives):
+    distinct for two installations on one broker, the same at every restart of one."""
+    folder = (state_dir or default_data_dir()).expanduser().absolute()
+    digest = hashlib.sha256(f"{socket.gethostname()}\0{folder}".encode()).hexdigest()
+    return f"tts_bridge-{digest[:12]}"
 
 
 class _Section(BaseModel):
@@ -92,8 +104,10 @@ class MqttSettings(_Section):
     """Broker port."""
     base_topic: str = "tts_bridge"
     """Prefix of every topic the bridge uses."""
-    client_id: str = "tts_bridge"
-    """MQTT client id; fixed so the broker can keep the bridge's session."""
+    client_id: str = Field(AUTO_CLIENT_ID, min_length=1, max_length=128)
+    """MQTT client id; stable so the broker keeps the bridge's session while it is away, and
+    distinct per installation (two bridges with one id take the session from each other).
+    "auto" = tts_bridge-<hash of the host name and the journal's folder>."""
     username: str | None = None
     """User name for the broker (optional)."""
     password: str | None = Field(None, repr=False)
@@ -118,6 +132,29 @@ class MqttSettings(_Section):
     """Message expiry on audio messages, so a stale announcement does not play later (0 = none)."""
     reconnect_max_delay_s: int = Field(30, ge=1, le=600)
     """Upper bound of the reconnect backoff."""
+    response_topics: list[str] = Field(default_factory=list)
+    """Topic filters an MQTT 5 Response Topic must match (e.g. ["clients/#"]); empty = any
+    topic outside the bridge's own, Home Assistant discovery and Hermes topics."""
+
+    @field_validator("response_topics")
+    @classmethod
+    def _check_response_topics(cls, filters: list[str]) -> list[str]:
+        for topic_filter in filters:
+            levels = topic_filter.split("/")
+            if (
+                not topic_filter
+                or "\x00" in topic_filter
+                or "#" in levels[:-1]
+                or any(("+" in lv or "#" in lv) and len(lv) > 1 for lv in levels)
+            ):
+                raise ValueError(f"{topic_filter!r} is not an MQTT topic filter")
+        return filters
+
+    @field_validator("client_id")
+    @classmethod
+    def _resolve_client_id(cls, value: str) -> str:
+        # Settings resolves it again for the configured journal folder.
+        return default_client_id() if value == AUTO_CLIENT_ID else value
 
     @field_validator("base_topic")
     @classmethod
@@ -178,6 +215,9 @@ class LimitsSettings(_Section):
     """Deepest JSON nesting accepted in a request."""
     max_queue: int = Field(64, ge=1, le=100_000)
     """Requests waiting for synthesis before new ones are refused with 'busy'."""
+    max_audio_s: float = Field(300.0, ge=1.0, le=3600.0)
+    """Longest audio one request may make (estimated from its text and speed): a short text
+    at a very low speed costs as much memory and time as a long one."""
 
 
 class SynthesisSettings(_Section):
@@ -427,6 +467,12 @@ class Settings(_Section):
         if not voices:
             raise ValueError("at least one voice is needed")
         return voices
+
+    @model_validator(mode="after")
+    def _client_id_for_this_journal(self) -> Settings:
+        if self.mqtt.client_id == default_client_id():  # "auto", resolved without the journal
+            self.mqtt.client_id = default_client_id(self.journal.path.parent)
+        return self
 
     @model_validator(mode="after")
     def _read_password_file(self) -> Settings:

@@ -9,7 +9,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tts_bridge.config import LimitsSettings
-from tts_bridge.mqtt.protocol import ProtocolError, Topics, parse_say
+from tts_bridge.mqtt.protocol import (
+    ProtocolError,
+    Topics,
+    api_response,
+    error_response,
+    estimated_audio_seconds,
+    parse_api_request,
+    parse_say,
+    response_topic_refusal,
+    topic_matches,
+)
 
 LIMITS = LimitsSettings(max_payload_bytes=4096, max_json_depth=8)
 
@@ -110,9 +120,142 @@ json_values = st.recursive(
 @settings(max_examples=300, deadline=None)
 @given(st.dictionaries(st.sampled_from(["text", "id", "voice", "lang", "cache", "x"]), json_values))
 def test_arbitrary_json_objects_parse_or_fail_cleanly(data: dict[str, object]) -> None:
+    payload = json.dumps(data)
     try:
-        request = parse_say("fuzz", json.dumps(data).encode(), LIMITS)
+        request = parse_say("fuzz", payload.encode(), LIMITS)
     except ProtocolError as exc:
-        assert exc.code in {"invalid_request", "json_too_deep", "payload_too_large"}
+        if exc.code == "invalid_json":  # NaN and Infinity are Python's extension, not JSON
+            assert "NaN" in payload or "Infinity" in payload
+        else:
+            assert exc.code in {"invalid_request", "json_too_deep", "payload_too_large"}
     else:
         assert request.text == data["text"]
+
+
+# -- every request gets an answer that can be sent; costs are bounded ----------------------
+
+
+def test_refusals_encode_lone_surrogates() -> None:
+    for payload in (
+        b'{"text": 5, "id": "\\ud800"}',
+        b'{"text": "hi", "options": {"\\udfff": 1}}',
+        b'{"text": "hi", "\\ud800": 1}',
+    ):
+        with pytest.raises(ProtocolError) as caught:
+            parse_say("kitchen", payload, LIMITS)
+        body = error_response(caught.value.request_id, caught.value.code, str(caught.value))
+        decoded = json.loads(body.decode("utf-8"))  # valid UTF-8, valid JSON
+        assert decoded["status"] == "error"
+    assert json.loads(error_response("\ud800", "x", "\udfff")) == {
+        "status": "error",
+        "id": "\ud800",
+        "error": "\udfff",
+        "code": "x",
+    }
+    assert json.loads(api_response("error", {"k\ud800": 1}, "t\udc00", "e", "c"))["data"] == {
+        "k\ud800": 1
+    }
+    # Text UTF-8 can carry stays as it is (not escaped).
+    assert "é".encode() in error_response("é", "x", "y")
+
+
+def test_a_byte_order_mark_before_json_is_stripped() -> None:
+    request = parse_say("kitchen", b'\xef\xbb\xbf{"text": "Hi", "id": "b1"}', LIMITS)
+    assert (request.text, request.id) == ("Hi", "b1")
+    assert parse_say("kitchen", b"\xef\xbb\xbfDinner is ready", LIMITS).text == "Dinner is ready"
+    assert parse_api_request(b'\xef\xbb\xbf{"a": 1}', LIMITS) == {"a": 1}
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        b'{"speed": 0.005}',
+        b'{"speed": 0}',
+        b'{"speed": -1}',
+        b'{"speed": 1000}',
+        b'{"speed": 1e999}',
+        b'{"speed": true}',
+        b'{"temperature": 1e999}',
+        b'{"seed": 123456789012345678901234567890123456789}',
+        b'{"bad name": 1}',
+    ],
+)
+def test_options_out_of_range_are_refused(options: bytes) -> None:
+    payload = b'{"text": "hi", "id": "o1", "options": ' + options + b"}"
+    with pytest.raises(ProtocolError) as caught:
+        parse_say("kitchen", payload, LIMITS)
+    assert (caught.value.code, caught.value.request_id) == ("invalid_options", "o1")
+
+
+def test_speed_refusal_names_the_allowed_range() -> None:
+    with pytest.raises(ProtocolError, match=r"speed 0.005 out of range 0.25..4"):
+        parse_say("k", b'{"text": "hi", "options": {"speed": 0.005}}', LIMITS)
+    assert parse_say("k", b'{"text": "hi", "options": {"speed": 0.25}}', LIMITS).options == {
+        "speed": 0.25
+    }
+
+
+@pytest.mark.parametrize("constant", [b"NaN", b"Infinity", b"-Infinity"])
+def test_nan_and_infinity_are_not_json(constant: bytes) -> None:
+    with pytest.raises(ProtocolError) as caught:
+        parse_say("k", b'{"text": "hi", "options": {"speed": ' + constant + b"}}", LIMITS)
+    assert caught.value.code == "invalid_json"
+
+
+def test_audio_length_is_capped() -> None:
+    limits = LimitsSettings(max_payload_bytes=4096, max_audio_s=10)
+    text = "The washing machine has finished. " * 6  # about 200 characters, ~13 s
+    with pytest.raises(ProtocolError) as caught:
+        parse_say("k", text.encode(), limits)
+    assert caught.value.code == "audio_too_long"
+    assert "limits.max_audio_s" in str(caught.value)
+    fast = json.dumps({"text": text, "options": {"speed": 2.0}, "id": 3}).encode()
+    assert parse_say("k", fast, limits).text == text  # twice as fast fits
+    slow = json.dumps({"text": text[:100], "options": {"speed": 0.25}, "id": 4}).encode()
+    with pytest.raises(ProtocolError, match="audio"):
+        parse_say("k", slow, limits)
+    assert estimated_audio_seconds("你好" * 10) > estimated_audio_seconds("ab" * 10)
+
+
+@pytest.mark.parametrize(
+    "topic",
+    [
+        "tts_bridge/say",
+        "tts_bridge/say/kitchen",
+        "tts_bridge/bridge/request/cache/clear",
+        "tts_bridge/bridge/response/say",
+        "tts_bridge/bridge/state",
+        "tts_bridge/bridge/info",
+        "tts_bridge/bridge/health",
+        "tts_bridge/audio/kitchen",
+        "tts_bridge",
+        "homeassistant/device/tts_bridge/config",
+        "ha/device/x/config",
+        "hermes/tts/say",
+        "hermes/audioServer/kitchen/playBytes/1",
+        "clients/+/reply",
+        "clients/#",
+        "$SYS/broker/load",
+        "",
+    ],
+)
+def test_response_topics_that_would_turn_the_bridge_against_the_house(topic: str) -> None:
+    assert response_topic_refusal(topic, "tts_bridge", discovery_prefix="ha") is not None
+
+
+def test_response_topics_elsewhere_are_allowed_and_the_allow_list_narrows_them() -> None:
+    assert response_topic_refusal("clients/phone/reply", "tts_bridge") is None
+    assert response_topic_refusal("tts_bridgeX/reply", "tts_bridge") is None  # another prefix
+    allowed = ["clients/#", "apps/+/tts"]
+    assert response_topic_refusal("clients/a/b", "tts_bridge", allowed=allowed) is None
+    assert response_topic_refusal("apps/phone/tts", "tts_bridge", allowed=allowed) is None
+    refused = response_topic_refusal("zigbee2mqtt/front_door/set", "tts_bridge", allowed=allowed)
+    assert refused == "the response topic is not in mqtt.response_topics"
+    # The deny rules hold even when an allow-list would match.
+    assert response_topic_refusal("tts_bridge/say", "tts_bridge", allowed=["#"]) is not None
+
+
+def test_topic_filters_match_like_mqtt() -> None:
+    assert topic_matches("a/#", "a") and topic_matches("a/#", "a/b/c")
+    assert topic_matches("a/+/c", "a/b/c") and not topic_matches("a/+/c", "a/b/d")
+    assert not topic_matches("a/+", "a/b/c") and not topic_matches("#", "$SYS/x")

@@ -10,10 +10,11 @@ never pulls in a heavy runtime.
 from __future__ import annotations
 
 import contextlib
+import math
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol, runtime_checkable
+from typing import ClassVar, Literal, Protocol, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
@@ -29,11 +30,48 @@ names in pinyin (an English-only phonemizer: Piper, hibari)."""
 
 
 @dataclass(frozen=True)
+class OptionRange:
+    """The values a numeric synthesis option may take (both ends included)."""
+
+    low: float
+    high: float
+
+    def check(self, name: str, value: object) -> None:
+        """Raise ValueError naming the option and its allowed range unless ``value`` fits."""
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ValueError(f"{name} must be a number ({self})")
+        if not math.isfinite(value) or not self.low <= value <= self.high:
+            raise ValueError(f"{name} {value} out of range {self}")
+
+    def __str__(self) -> str:
+        return f"{self.low:g}..{self.high:g}"
+
+
+def check_option_ranges(ranges: Mapping[str, OptionRange], values: Mapping[str, object]) -> None:
+    """Check the options ``values`` that ``ranges`` declares; ValueError for the first one out
+    of range (the synthesizer turns it into ``invalid_options`` with the allowed range)."""
+    for name, allowed in ranges.items():
+        if name in values:
+            allowed.check(name, values[name])
+
+
+@dataclass(frozen=True)
 class SynthesisOptions:
-    """Per-request synthesis options that change the audio (they are part of the cache key)."""
+    """Per-request synthesis options that change the audio (they are part of the cache key).
+
+    ``ranges`` declares the numeric options' allowed values; they are checked when the options
+    are built, so a request asking for speed 0.005 (minutes of audio) or NaN is refused with
+    ``invalid_options`` instead of being rendered. Subclasses with their own ``__post_init__``
+    check their own fields.
+    """
+
+    ranges: ClassVar[Mapping[str, OptionRange]] = {"speed": OptionRange(0.25, 4.0)}
 
     speed: float = 1.0
     """Speaking rate; 1.0 is the model's own pace."""
+
+    def __post_init__(self) -> None:
+        check_option_ranges(self.ranges, {"speed": self.speed})
 
     def cache_fields(self) -> dict[str, object]:
         return {"speed": round(self.speed, 3)}

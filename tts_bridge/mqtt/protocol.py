@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 import unicodedata
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -21,6 +23,7 @@ from pydantic import (
 )
 
 from tts_bridge.config import LimitsSettings
+from tts_bridge.engines.base import SynthesisOptions, check_option_ranges
 
 DEFAULT_TARGET = "default"
 _TARGET_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -164,6 +167,126 @@ def _first_error(error: ValidationError) -> str:
     return f"field {where!r}: {item['msg']}"
 
 
+_BOM = "\ufeff"
+_OPTION_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,31}$")
+_MAX_EXACT_INT = 2**53  # beyond this a JSON number means nothing to an engine option
+# Characters of speech per second at speed 1.0, for the audio-length cap: a little faster than
+# real speech (~14/s in English), so the estimate stays below the real length and only requests
+# that are clearly too long are refused. CJK characters (a syllable each, ~4-5/s) and digits
+# (spoken as words) count several times.
+_CHARS_PER_SECOND = 16.0
+_HEAVY_CHARS = re.compile(r"[\u3040-\u30ff\u3400-\u9fff\uac00-\ud7af\uf900-\ufaff]")
+_HEAVY_WEIGHT = 3.5
+_DIGIT_WEIGHT = 2.0
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _loads(text: str) -> Any:
+    """json.loads without Python's NaN/Infinity extension (not JSON, and poison as options)."""
+    return json.loads(text, parse_constant=_reject_constant)
+
+
+def _check_options(options: dict[str, bool | int | float], request_id: Any) -> float:
+    """Refuse option names and numbers no engine can take; returns the requested speed (1.0 if
+    none). The options each engine knows, and their ranges, are checked again when the
+    synthesizer builds the engine's options (SynthesisOptions.ranges and subclasses)."""
+    for name, value in options.items():
+        if not _OPTION_NAME_RE.match(name):
+            raise ProtocolError(
+                "invalid_options",
+                "option names are 1-32 letters, digits or '_'",
+                request_id,
+            )
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ProtocolError(
+                "invalid_options", f"option {name!r} must be a finite number", request_id
+            )
+        if isinstance(value, int) and not isinstance(value, bool) and abs(value) > _MAX_EXACT_INT:
+            raise ProtocolError("invalid_options", f"option {name!r} is too large", request_id)
+    try:
+        check_option_ranges(SynthesisOptions.ranges, options)
+    except ValueError as exc:
+        raise ProtocolError("invalid_options", str(exc), request_id) from None
+    speed = options.get("speed", 1.0)
+    return float(speed) if not isinstance(speed, bool) else 1.0
+
+
+def estimated_audio_seconds(text: str, speed: float = 1.0) -> float:
+    """A low estimate of how many seconds ``text`` takes to speak at ``speed`` (1.0 = normal)."""
+    heavy = len(_HEAVY_CHARS.findall(text))
+    digits = sum(c.isdigit() for c in text)
+    weight = len(text) - heavy - digits + heavy * _HEAVY_WEIGHT + digits * _DIGIT_WEIGHT
+    return weight / _CHARS_PER_SECOND / max(speed, 1e-6)
+
+
+def check_audio_seconds(
+    text: str, speed: float, limits: LimitsSettings, request_id: str | int | None = None
+) -> None:
+    """Raise ProtocolError('audio_too_long') when ``text`` at ``speed`` would make more than
+    ``limits.max_audio_s`` seconds of audio. parse_say checks the request's own speed; the
+    service checks again with the speed the voice actually renders at (a voice's default speed
+    can be lower than 1.0)."""
+    seconds = estimated_audio_seconds(text, speed)
+    if seconds > limits.max_audio_s:
+        raise ProtocolError(
+            "audio_too_long",
+            f"this text at speed {speed:g} makes about {seconds:.0f} s of audio; the limit is "
+            f"{limits.max_audio_s:g} s (limits.max_audio_s)",
+            request_id,
+        )
+
+
+def topic_matches(topic_filter: str, topic: str) -> bool:
+    """MQTT topic filter matching ('+' one level, '#' the rest, '$' topics not by wildcards)."""
+    if topic.startswith("$") and topic_filter[:1] in ("+", "#"):
+        return False
+    parts = topic.split("/")
+    for index, level in enumerate(topic_filter.split("/")):
+        if level == "#":
+            return True
+        if index >= len(parts) or (level not in ("+", parts[index])):
+            return False
+    return len(parts) == len(topic_filter.split("/"))
+
+
+def response_topic_refusal(
+    topic: str,
+    base_topic: str,
+    *,
+    discovery_prefix: str = "homeassistant",
+    allowed: Sequence[str] = (),
+) -> str | None:
+    """Why the bridge must not publish to a requester's MQTT 5 Response Topic; None if it may.
+
+    The bridge publishes with its own broker rights, so a response topic could make it write
+    where the requester may not (a confused deputy): never under its own base topic (its say
+    and API inputs, its audio outputs, its state, info and health), never Home Assistant
+    discovery or Hermes topics, never a topic with wildcards or a '$' system topic. With
+    ``allowed`` (mqtt.response_topics), the topic must also match one of those filters.
+    """
+    if not topic or "\x00" in topic or not mqtt_safe(topic):
+        return "the response topic is empty or holds control characters"
+    if "+" in topic or "#" in topic:
+        return "a response topic cannot hold the wildcards '+' or '#'"
+    if topic.startswith("$"):
+        return "a response topic cannot be a '$' system topic"
+    reserved = {
+        base_topic: "the bridge's own topics",
+        discovery_prefix: "Home Assistant discovery topics",
+        "homeassistant": "Home Assistant discovery topics",
+        "hermes": "Hermes topics",
+    }
+    for prefix, what in reserved.items():
+        if topic == prefix or topic.startswith(prefix + "/"):
+            return f"a response topic cannot be one of {what} ({prefix}/...)"
+    if allowed and not any(topic_matches(pattern, topic) for pattern in allowed):
+        return "the response topic is not in mqtt.response_topics"
+    return None
+
+
 def parse_say(target: str, payload: bytes, limits: LimitsSettings) -> SayRequest:
     """Turn a raw say payload into a request, or raise ProtocolError with a readable reason."""
     if not _TARGET_RE.match(target):
@@ -179,11 +302,15 @@ def parse_say(target: str, payload: bytes, limits: LimitsSettings) -> SayRequest
         raise ProtocolError(
             "invalid_utf8", f"payload is not valid UTF-8 (byte {exc.start})"
         ) from None
+    # A UTF-8 byte order mark (Windows editors, some HTTP-to-MQTT tools) is not text to speak,
+    # and before JSON it would hide the JSON.
+    text = text.removeprefix(_BOM)
     stripped = text.lstrip()
     if not stripped.startswith(("{", "[")):
+        check_audio_seconds(text, 1.0, limits, None)
         return SayRequest(new_id(), text, target, None, None, True)
     try:
-        data = json.loads(stripped)
+        data = _loads(stripped)
     except RecursionError:
         raise ProtocolError("json_too_deep", "JSON nesting is too deep") from None
     except ValueError as exc:
@@ -214,6 +341,8 @@ def parse_say(target: str, payload: bytes, limits: LimitsSettings) -> SayRequest
         raise ProtocolError(
             "invalid_request", "field 'lang' must be a language code like 'en'", parsed.id
         )
+    speed = _check_options(parsed.options or {}, parsed.id)
+    check_audio_seconds(parsed.text, speed, limits, parsed.id)
     return SayRequest(
         id=parsed.id if parsed.id is not None else new_id(),
         text=parsed.text,
@@ -234,7 +363,7 @@ def parse_api_request(payload: bytes, limits: LimitsSettings) -> dict[str, Any]:
     if len(payload) > limits.max_payload_bytes:
         raise ProtocolError("payload_too_large", "payload too large")
     try:
-        text = payload.decode("utf-8").strip()
+        text = payload.decode("utf-8").removeprefix(_BOM).strip()
     except UnicodeDecodeError:
         raise ProtocolError("invalid_utf8", "payload is not valid UTF-8") from None
     if not text:
@@ -242,7 +371,7 @@ def parse_api_request(payload: bytes, limits: LimitsSettings) -> dict[str, Any]:
     if not text.startswith(("{", "[")):
         return {"value": text}
     try:
-        data = json.loads(text)
+        data = _loads(text)
     except RecursionError:
         raise ProtocolError("json_too_deep", "JSON nesting is too deep") from None
     except ValueError as exc:
@@ -263,7 +392,7 @@ def api_response(
         body["code"] = code
     if transaction is not None:
         body["transaction"] = transaction
-    return json.dumps(body, ensure_ascii=False).encode()
+    return encode_json(body)
 
 
 def ok_response(request_id: str | int, data: dict[str, Any]) -> bytes:
@@ -272,4 +401,13 @@ def ok_response(request_id: str | int, data: dict[str, Any]) -> bytes:
 
 def error_response(request_id: str | int | None, code: str, message: str) -> bytes:
     body = {"status": "error", "id": request_id, "error": message, "code": code}
-    return json.dumps(body, ensure_ascii=False).encode()
+    return encode_json(body)
+
+
+def encode_json(body: Any) -> bytes:
+    """JSON as UTF-8 text; anything UTF-8 cannot carry (a lone surrogate from a request's id
+    or option key) is escaped as JSON ``\\uXXXX`` instead, so a refusal is always sent."""
+    try:
+        return json.dumps(body, ensure_ascii=False).encode()
+    except UnicodeEncodeError:
+        return json.dumps(body, ensure_ascii=True).encode()
