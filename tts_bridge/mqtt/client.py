@@ -3,6 +3,19 @@
 paho runs its network loop on its own thread and silently stops that loop when a callback raises,
 so every callback here catches everything and logs it. The message handler must only parse and
 enqueue: inference never runs on the network thread.
+
+Faults the broker reports are made visible:
+
+* a publish the broker refuses (PUBACK reason code >= 0x80, e.g. 135 "Not authorized" from an
+  ACL) is logged with its topic and reason, counted in ``refusals`` and reported to the
+  publisher's ``on_result``. paho ignores the reason code of a QoS 2 PUBREC; such a refusal
+  surfaces as the PUBCOMP's "Packet identifier not found" instead, also a failure.
+* a session taken over by another client with the same client id (MQTT 5 reason 142, or
+  connections that keep ending within seconds) is one error line naming ``mqtt.client_id``,
+  and the reconnects back off (doubling up to ``_TAKEOVER_MAX_DELAY_S``) instead of taking
+  the session back every second.
+* a message delivered from the broker's retained store carries ``retained=True``: the bridge
+  does not execute retained say or API requests (they would run again at every reconnect).
 """
 
 from __future__ import annotations
@@ -10,7 +23,9 @@ from __future__ import annotations
 import logging
 import socket
 import threading
+import time
 import unicodedata
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +39,16 @@ from paho.mqtt.reasoncodes import ReasonCode
 from tts_bridge.config import MqttSettings
 
 _LOGGER = logging.getLogger(__name__)
+_SESSION_TAKEN_OVER = 142
+_TAKEOVER_MAX_DELAY_S = 300
+_SHORT_CONNECTION_S = 10.0
+"""A connection the broker ends sooner than this, twice in a row, is taken to be a takeover
+fight too: mosquitto 2.0 closes the older connection without sending reason 142."""
+_STABLE_CONNECTION_S = 60.0
+"""After this long connected, a takeover diagnosis is over and reconnects are quick again."""
+_PENDING_MAX_AGE_S = 600.0
+"""Publishes never acknowledged (the session was lost) are forgotten after this long."""
+_REFUSAL_LOG_INTERVAL_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -37,6 +62,26 @@ class IncomingMessage:
     duplicate: bool
     mid: int = 0
     qos: int = 0
+    retained: bool = False
+    """Delivered from the broker's retained store (it was published with the retain flag
+    before this subscription). Still ack it; do not execute it."""
+
+
+@dataclass(frozen=True)
+class PublishResult:
+    """The broker's answer to one publish (PUBACK, PUBCOMP; QoS 0: sent)."""
+
+    topic: str
+    mid: int
+    reason_code: int
+    """MQTT 5 reason code: 0 = accepted (16 = no matching subscribers, also fine); >= 0x80 =
+    refused (135 = not authorized)."""
+    reason: str
+    """The reason code's name, e.g. 'Not authorized'."""
+
+    @property
+    def ok(self) -> bool:
+        return self.reason_code < 0x80
 
 
 def _safe_text(value: str) -> str:
@@ -123,8 +168,25 @@ class MqttConnection:
         client.on_subscribe = self._handle_subscribe
         client.on_socket_open = self._handle_socket_open
         client.on_connect_fail = self._handle_connect_fail
+        client.on_publish = self._handle_publish
         self._last_failure: str | None = None
         self._client = client
+        # Publish results: callbacks by mid, and answers that came before publish() returned
+        # (paho calls on_publish holding its own lock, so none of ours is held across publish).
+        self._results_lock = threading.Lock()
+        self._pending: dict[int, tuple[str, Callable[[PublishResult], None] | None, float]] = {}
+        self._early: dict[int, tuple[int, str]] = {}
+        self.refusals: Counter[str] = Counter()
+        """Refused publishes by reason name, for health."""
+        self._refusal_logged: dict[tuple[str, str], float] = {}
+        # Session takeover diagnosis.
+        self._connected_at: float | None = None
+        self._short_connections = 0
+        self.takeovers = 0
+        """Times the session was taken over by a client with the same id."""
+        self._collision_reported = False
+        self.reconnect_delay_s = 1
+        """The current reconnect backoff floor (grows while the session is fought over)."""
 
     def start(
         self,
@@ -179,8 +241,16 @@ class MqttConnection:
         # Fixed header, topic, packet id and properties (user properties, expiry, content type).
         return min(limits) - len(topic.encode()) - 512
 
-    def publish(self, message: OutgoingMessage) -> mqtt.MQTTMessageInfo | None:
-        """Queue a message for sending; paho buffers it while disconnected (QoS >= 1)."""
+    def publish(
+        self,
+        message: OutgoingMessage,
+        on_result: Callable[[PublishResult], None] | None = None,
+    ) -> mqtt.MQTTMessageInfo | None:
+        """Queue a message for sending; paho buffers it while disconnected (QoS >= 1).
+
+        ``on_result`` is called once with the broker's answer (on the network thread: keep it
+        short, never block). A refusal is logged here either way.
+        """
         try:
             info = self._client.publish(
                 message.topic,
@@ -194,7 +264,56 @@ class MqttConnection:
             return None
         if info.rc not in (mqtt.MQTT_ERR_SUCCESS, mqtt.MQTT_ERR_NO_CONN):
             _LOGGER.error("Publish to %s failed: %s", message.topic, mqtt.error_string(info.rc))
+            return info
+        now = time.monotonic()
+        with self._results_lock:
+            early = self._early.pop(info.mid, None)
+            if early is None:
+                self._pending[info.mid] = (message.topic, on_result, now)
+            self._forget_old(now)
+        if early is not None:
+            self._report(message.topic, info.mid, *early, on_result)
         return info
+
+    def _forget_old(self, now: float) -> None:
+        if len(self._pending) < 1024:
+            return
+        for mid, (_, _, queued) in list(self._pending.items()):
+            if now - queued > _PENDING_MAX_AGE_S:
+                del self._pending[mid]
+        for mid in list(self._early)[: max(0, len(self._early) - 1024)]:
+            del self._early[mid]
+
+    def _report(
+        self,
+        topic: str,
+        mid: int,
+        code: int,
+        reason: str,
+        on_result: Callable[[PublishResult], None] | None,
+    ) -> None:
+        result = PublishResult(topic, mid, code, reason)
+        if not result.ok:
+            self.refusals[reason] += 1
+            key, now = (topic, reason), time.monotonic()
+            if now - self._refusal_logged.get(key, -_REFUSAL_LOG_INTERVAL_S) >= (
+                _REFUSAL_LOG_INTERVAL_S
+            ):
+                self._refusal_logged[key] = now
+                _LOGGER.error(
+                    "The broker refused a publish to %s: %s (reason code %d); check the "
+                    "broker's ACL for the bridge's user",
+                    topic,
+                    reason,
+                    code,
+                )
+            else:
+                _LOGGER.debug("The broker refused a publish to %s: %s", topic, reason)
+        if on_result is not None:
+            try:
+                on_result(result)
+            except Exception:
+                _LOGGER.exception("Error in a publish result handler for %s", topic)
 
     # paho callbacks: each one must never raise (paho would stop its network loop).
 
@@ -216,6 +335,7 @@ class MqttConnection:
                 )
                 return
             self.connects += 1
+            self._connected_at = time.monotonic()
             self.max_packet_size = getattr(properties, "MaximumPacketSize", None)
             _LOGGER.info(
                 "Connected to the broker (session present: %s%s)",
@@ -289,12 +409,76 @@ class MqttConnection:
     ) -> None:
         self.connected.clear()
         try:
+            lasted = (
+                time.monotonic() - self._connected_at if self._connected_at is not None else None
+            )
+            self._connected_at = None
+            if self._taken_over(reason, lasted):
+                return
             if reason.is_failure:
                 _LOGGER.warning("Disconnected from the broker: %s; reconnecting", reason.getName())
             else:
                 _LOGGER.info("Disconnected from the broker")
         except Exception:
             _LOGGER.exception("Error while handling a disconnect")
+
+    def _taken_over(self, reason: ReasonCode, lasted: float | None) -> bool:
+        """Diagnose a client id collision and back off; True when this disconnect was one."""
+        if lasted is not None and lasted >= _STABLE_CONNECTION_S:
+            self._short_connections = 0
+            self._collision_reported = False
+            self._set_reconnect_delay(1)
+        if reason.is_failure and lasted is not None and lasted < _SHORT_CONNECTION_S:
+            self._short_connections += 1
+        explicit = reason.value == _SESSION_TAKEN_OVER
+        if not explicit and self._short_connections < 2:
+            return False
+        self.takeovers += 1
+        delay = min(_TAKEOVER_MAX_DELAY_S, max(5, self.reconnect_delay_s * 2))
+        self._set_reconnect_delay(delay)
+        if not self._collision_reported:
+            self._collision_reported = True
+            _LOGGER.error(
+                "Another MQTT client connected with this bridge's client id %r and took its "
+                "session (%s): two bridges, or a bridge and another program, likely share the "
+                "id. Give "
+                "each its own mqtt.client_id (the default 'auto' is distinct per host and journal "
+                "folder). Backing off: next try in %d s, waiting longer each time",
+                self._settings.client_id,
+                reason.getName() if explicit else "the broker keeps closing it within seconds",
+                delay,
+            )
+        else:
+            _LOGGER.debug("Session taken over again; next try in %d s", delay)
+        return True
+
+    def _set_reconnect_delay(self, delay: int) -> None:
+        if delay == self.reconnect_delay_s:
+            return
+        self.reconnect_delay_s = delay
+        self._client.reconnect_delay_set(
+            min_delay=delay, max_delay=max(delay, self._settings.reconnect_max_delay_s)
+        )
+
+    def _handle_publish(
+        self,
+        client: mqtt.Client,
+        userdata: Any,
+        mid: int,
+        reason: ReasonCode,
+        properties: Properties | None,
+    ) -> None:
+        try:
+            code, name = int(reason.value), reason.getName()
+            with self._results_lock:
+                pending = self._pending.pop(mid, None)
+                if pending is None:
+                    self._early[mid] = (code, name)  # publish() has not registered it yet
+                    return
+            topic, on_result, _ = pending
+            self._report(topic, mid, code, name, on_result)
+        except Exception:
+            _LOGGER.exception("Error while handling a publish acknowledgement")
 
     def _handle_subscribe(
         self,
@@ -325,6 +509,7 @@ class MqttConnection:
                     duplicate=bool(msg.dup),
                     mid=msg.mid,
                     qos=msg.qos,
+                    retained=bool(msg.retain),
                 )
             )
         except Exception:
