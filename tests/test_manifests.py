@@ -12,6 +12,7 @@ import base64
 import hashlib
 import importlib.metadata
 import json
+import os
 import shutil
 import tracemalloc
 from collections.abc import Callable
@@ -23,6 +24,7 @@ from tts_bridge.cli.models import cmd_models_add, cmd_models_list, cmd_models_ve
 from tts_bridge.config import Settings, load_settings
 from tts_bridge.manifests import (
     USER_MANIFEST,
+    FileHasher,
     ManifestError,
     ModelFileError,
     add_model,
@@ -377,3 +379,64 @@ def test_cli_handlers_add_list_and_verify(
 
     assert cmd_models_add(settings, "ghost", tmp_path / "missing.onnx") == 1
     assert "cannot add model 'ghost'" in capsys.readouterr().err
+
+
+# -- verification at every load ----------------------------------------------------------------
+
+
+def _model(tmp_path: Path, content: bytes = b"weights v1" * 1000) -> tuple[Path, str]:
+    path = tmp_path / "voice.onnx"
+    path.write_bytes(content)
+    return path, hashlib.sha256(content).hexdigest()
+
+
+def test_unchanged_files_are_verified_by_stat_alone(tmp_path: Path) -> None:
+    path, digest = _model(tmp_path)
+    hasher = FileHasher()
+    assert hasher.verify(path, digest) == digest
+    for _ in range(5):
+        assert hasher.verify(path, digest) == digest
+    assert hasher.hashed == 1
+
+
+def test_a_file_swapped_after_start_is_refused_at_the_next_load(tmp_path: Path) -> None:
+    path, digest = _model(tmp_path)
+    hasher = FileHasher()
+    hasher.verify(path, digest)
+    before = path.stat()
+    # Same size, same mtime: written in place and the timestamp set back.
+    with path.open("r+b") as handle:
+        handle.write(b"X")
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    with pytest.raises(ModelFileError, match="sha256 mismatch"):
+        hasher.verify(path, digest)
+    # Replaced by another file (a rename over it), again with the same size and mtime.
+    other = tmp_path / "other.onnx"
+    other.write_bytes(b"weights v2" * 1000)
+    os.utime(other, ns=(before.st_atime_ns, before.st_mtime_ns))
+    os.replace(other, path)
+    with pytest.raises(ModelFileError, match="sha256 mismatch"):
+        hasher.verify(path, digest)
+    # Restored: trusted again, under the restored hash.
+    path.write_bytes(b"weights v1" * 1000)
+    assert hasher.verify(path, digest) == digest
+    path.unlink()
+    with pytest.raises(ModelFileError, match="missing"):
+        hasher.verify(path, digest)
+
+
+def test_a_model_folder_verifies_to_one_digest(tmp_path: Path) -> None:
+    root = tmp_path / "ckpt"
+    (root / "asset").mkdir(parents=True)
+    (root / "asset" / "gpt.pt").write_bytes(b"gpt")
+    (root / "config.json").write_bytes(b"{}")
+    expected = {
+        "asset/gpt.pt": hashlib.sha256(b"gpt").hexdigest(),
+        "config.json": hashlib.sha256(b"{}").hexdigest(),
+    }
+    hasher = FileHasher()
+    first = hasher.verify_tree(root, expected)
+    assert first == hasher.verify_tree(root, dict(reversed(expected.items())))
+    (root / "config.json").write_bytes(b"[]")
+    with pytest.raises(ModelFileError, match=r"config\.json"):
+        hasher.verify_tree(root, expected)

@@ -69,24 +69,72 @@ def sha256_file(path: Path) -> str:
 
 
 class FileHasher:
-    """Remembers hashes by (path, size, mtime) so a file is hashed once per change."""
+    """Remembers hashes by file identity, so a file is hashed once per change, and a change is
+    always seen.
+
+    The identity is (device, inode, size, mtime, ctime): a file replaced by another (a rename
+    over it, a copy) has another inode, and a file written in place gets a new ctime even when
+    its mtime is set back (``touch -r``, ``os.utime``); ctime cannot be set by a user. So a
+    check costs one ``stat`` while the file is unchanged, and a full SHA-256 when it changed.
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._known: dict[tuple[str, int, int], str] = {}
+        self._known: dict[str, tuple[tuple[int, ...], str]] = {}
+        self.hashed = 0
+        """Full hashes computed (the rest were answered from the identity)."""
+
+    @staticmethod
+    def _identity(stat: os.stat_result) -> tuple[int, ...]:
+        return (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
 
     def sha256(self, path: Path) -> str:
-        stat = path.stat()
-        key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+        name = str(path.resolve())
+        identity = self._identity(path.stat())
         with self._lock:
-            cached = self._known.get(key)
-        if cached is not None:
-            return cached
+            known = self._known.get(name)
+        if known is not None and known[0] == identity:
+            return known[1]
         value = sha256_file(path)
+        after = self._identity(path.stat())
         _LOGGER.debug("sha256 %s = %s", path, value)
-        with self._lock:
-            self._known[key] = value
+        if after == identity:  # not remembered if it changed while it was read
+            with self._lock:
+                self._known[name] = (identity, value)
+                self.hashed += 1
         return value
+
+    def verify(self, path: Path, expected_sha256: str) -> str:
+        """The SHA-256 of ``path`` when it is ``expected_sha256``; ModelFileError otherwise.
+
+        For the engine loader, at every load (not only at start): the hash it returns is the
+        one that goes into the engine identity (and so into cache keys).
+        """
+        try:
+            actual = self.sha256(path)
+        except FileNotFoundError:
+            raise ModelFileError(
+                path, "missing", f"sha256 {expected_sha256}", "no such file"
+            ) from None
+        except OSError as exc:
+            raise ModelFileError(
+                path, "unreadable", f"sha256 {expected_sha256}", str(exc.strerror or exc)
+            ) from exc
+        if actual != expected_sha256.lower():
+            raise ModelFileError(
+                path, "sha256 mismatch", f"sha256 {expected_sha256.lower()}", f"sha256 {actual}"
+            )
+        return actual
+
+    def verify_tree(self, root: Path, expected: Mapping[str, str]) -> str:
+        """Verify every file of a model folder (path relative to ``root`` -> SHA-256, as
+        ``ModelManifest.expected_hashes``); returns one digest of all of them for the engine
+        identity. ModelFileError names the first file that differs."""
+        combined = hashlib.sha256()
+        for relative in sorted(expected):
+            actual = self.verify(root / relative, expected[relative])
+            combined.update(f"{relative}\0{actual}\n".encode())
+        return combined.hexdigest()
 
 
 # -- errors ---------------------------------------------------------------------------------
