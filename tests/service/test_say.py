@@ -15,7 +15,7 @@ import numpy.typing as npt
 import pytest
 import soundfile
 
-from tests.support.fake import BASE, FakeConnection, Services, body, props
+from tests.support.fake import BASE, FakeConnection, Services, body, journal_of, props
 from tts_bridge.engines.piper import bundled_model
 from tts_bridge.mqtt.client import OutgoingMessage
 
@@ -258,7 +258,7 @@ def test_a_request_is_acked_once_journaled_and_a_duplicate_is_answered_from_the_
     answer = wait_response(conn, since, request_id="dup-1")
     assert answer["status"] == "ok", answer
     assert (first.mid, 1) in conn.acks
-    entry = service.journal.unfinished()
+    entry = journal_of(service).unfinished()
     assert entry == [], f"an answered request is still unfinished: {entry}"
 
     since = conn.mark()
@@ -275,7 +275,7 @@ def test_unfinished_journal_entries_are_served_at_start(services: Services) -> N
     """An entry accepted (and acked) before a stop is answered by the next start."""
     service, _ = services(start=False)
     payload = json.dumps({"text": "Resume me", "id": "resume-1"}).encode()
-    accepted = service.journal.accept(
+    accepted = journal_of(service).accept(
         "key-resume-1",
         f"{SAY}/attic",
         payload,
@@ -292,7 +292,7 @@ def test_unfinished_journal_entries_are_served_at_start(services: Services) -> N
     assert answer["status"] == "ok" and answer["data"]["target"] == "attic", answer
     assert_audio_message(wait_audio(conn, "attic", 0), request_id="resume-1", sample_rate=JOE_RATE)
     service.pipeline.scheduler.stop(10)  # the answer is journaled once the worker finishes
-    assert service.journal.unfinished() == []
+    assert journal_of(service).unfinished() == []
 
 
 # -- bad input: a clear error, then the service keeps serving -----------------------------------
@@ -416,5 +416,5 @@ def test_an_engine_failure_is_refused_as_synthesis_failed_and_journaled(
     assert_error(error, "synthesis_failed")
     assert not conn.on(f"{BASE}/audio/kitchen", since)
     service.pipeline.scheduler.stop(10)  # the answer is journaled once the worker finishes
-    assert service.journal.unfinished() == [], "a refused request is finished in the journal"
+    assert journal_of(service).unfinished() == [], "a refused request is finished in the journal"
     assert service.reports.health()["answers"]["error"] == 1

@@ -4,7 +4,9 @@ Everything but the network is real: `service.app.build` with the real synthesize
 `joe` and `heart` voices, loaded once per session), the real sentence cache and journal in the
 test's tmp_path, the real scheduler threads. `FakeConnection` records what the service publishes
 and acknowledges, and simulates the broker's size limit; tests hand it messages as the network
-thread would.
+thread would. It also plays the broker's refusals: `refuse(topic_filter)` answers publishes
+there as an ACL would (PUBACK 135), and `deliver(..., retained=True)` a message from the
+retained store.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import itertools
 import json
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -23,8 +26,10 @@ import soundfile
 
 from tts_bridge.config import Settings, load_settings
 from tts_bridge.engines.registry import EnginePool
-from tts_bridge.mqtt.client import IncomingMessage, OutgoingMessage
+from tts_bridge.mqtt.client import IncomingMessage, OutgoingMessage, PublishResult
+from tts_bridge.mqtt.protocol import topic_matches
 from tts_bridge.service import app
+from tts_bridge.service.journal import Journal
 from tts_bridge.speech.cache import SentenceCache
 from tts_bridge.speech.hardware import ThreadPlan
 from tts_bridge.speech.synthesis import Synthesizer
@@ -55,6 +60,13 @@ class FakeConnection:
         self._on_connected: Callable[[], None] | None = None
         self._changed = threading.Condition()
         self._mids = itertools.count(1)
+        self._out_mids = itertools.count(1)
+        self._refused: dict[str, tuple[int, str]] = {}
+        self.refusals: Counter[str] = Counter()
+        """Refused publishes by reason (as MqttConnection counts them)."""
+        self.refused: list[OutgoingMessage] = []
+        """What the broker refused (not in `published`: nobody received it)."""
+        self.takeovers = 0
 
     # the Connection protocol
 
@@ -77,14 +89,28 @@ class FakeConnection:
         self.connected.clear()
         self.stopped = True
 
-    def publish(self, message: OutgoingMessage) -> None:
+    def publish(
+        self,
+        message: OutgoingMessage,
+        on_result: Callable[[PublishResult], None] | None = None,
+    ) -> None:
         limit = self.max_payload(message.topic)
+        refusal = next(
+            (r for f, r in self._refused.items() if topic_matches(f, message.topic)), None
+        )
+        code, reason = refusal if refusal is not None else (0, "Success")
         with self._changed:
-            if limit is not None and len(message.payload) > limit:
-                self.oversized.append(message)
-            self.published.append(message)
-            self.published_at.append(time.monotonic())
+            if refusal is not None:
+                self.refusals[reason] += 1
+                self.refused.append(message)
+            else:
+                if limit is not None and len(message.payload) > limit:
+                    self.oversized.append(message)
+                self.published.append(message)
+                self.published_at.append(time.monotonic())
             self._changed.notify_all()
+        if on_result is not None:
+            on_result(PublishResult(message.topic, next(self._out_mids), code, reason))
 
     def ack(self, mid: int, qos: int) -> None:
         with self._changed:
@@ -97,6 +123,10 @@ class FakeConnection:
         return self.packet_limit - len(topic.encode()) - 512
 
     # driving it
+
+    def refuse(self, topic_filter: str, code: int = 135, reason: str = "Not authorized") -> None:
+        """Refuse publishes on `topic_filter` from now on, as a broker's ACL does."""
+        self._refused[topic_filter] = (code, reason)
 
     def connect(self) -> None:
         """A (re)connect: the service's on_connected runs as after a CONNACK."""
@@ -114,6 +144,7 @@ class FakeConnection:
         duplicate: bool = False,
         mid: int | None = None,
         qos: int = 1,
+        retained: bool = False,
     ) -> IncomingMessage:
         """Hand the service a message as paho's network thread would."""
         assert self._on_message is not None, "the service did not start the connection"
@@ -125,6 +156,7 @@ class FakeConnection:
             duplicate=duplicate,
             mid=mid if mid is not None else next(self._mids),
             qos=qos,
+            retained=retained,
         )
         self._on_message(message)
         return message
@@ -181,6 +213,13 @@ def hold_worker(service: app.Service) -> threading.Event:
 
     assert service.pipeline.scheduler.submit_live(wait, 0.0)
     return gate
+
+
+def journal_of(service: app.Service) -> Journal:
+    """The service's journal (it has one unless its storage failed at start)."""
+    journal = service.journal
+    assert journal is not None, "the service runs without its journal"
+    return journal
 
 
 def props(message: OutgoingMessage) -> dict[str, str]:

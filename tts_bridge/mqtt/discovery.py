@@ -245,7 +245,10 @@ def answer_event(answer: Mapping[str, Any], target: str) -> bytes:
     for key in EVENT_ATTRIBUTES:
         event[key] = answer.get(key, details.get(key))
     event["target"] = target
-    return json.dumps(event, ensure_ascii=False, separators=(",", ":")).encode()
+    try:
+        return json.dumps(event, ensure_ascii=False, separators=(",", ":")).encode()
+    except UnicodeEncodeError:  # a lone surrogate from a request's id: escaped, still sent
+        return json.dumps(event, ensure_ascii=True, separators=(",", ":")).encode()
 
 
 def _health_sensor(

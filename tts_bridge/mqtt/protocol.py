@@ -396,7 +396,7 @@ def api_response(
 
 
 def ok_response(request_id: str | int, data: dict[str, Any]) -> bytes:
-    return json.dumps({"status": "ok", "id": request_id, "data": data}).encode()
+    return encode_json({"status": "ok", "id": request_id, "data": data})
 
 
 def error_response(request_id: str | int | None, code: str, message: str) -> bytes:

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from tts_bridge.config import Settings
+from tts_bridge.faults import storage_condition
 from tts_bridge.mqtt.client import MqttConnection, OutgoingMessage
 from tts_bridge.mqtt.protocol import Topics
 from tts_bridge.service.api import BridgeApi
@@ -59,18 +60,44 @@ def build_synthesizer(settings: Settings, plan: ThreadPlan | None = None) -> Syn
     return Synthesizer(settings, pool, SentenceCache(settings.cache))
 
 
-def open_journal(settings: Settings) -> Journal:
-    """Open the request journal; a damaged one is moved aside (its entries are lost, logged)."""
+_STORAGE_CONDITIONS = ("disk full", "read-only", "I/O error")
+
+
+def open_journal(settings: Settings) -> Journal | None:
+    """Open the request journal; a damaged one is moved aside (its entries are lost, logged).
+
+    None when its storage cannot be written (a full disk cannot hold a new journal): the
+    bridge then serves without one, acking each request after its answer, and tries again.
+    """
     path = settings.journal.path
     try:
         return Journal(path, keep_done_s=settings.journal.keep_done_s)
     except JournalError as exc:
         if "in use" in str(exc):
             raise
+        if _storage_fault(exc):
+            _LOGGER.error(
+                "%s; serving without the journal (each request acknowledged after its answer) "
+                "and trying again every minute",
+                exc,
+            )
+            return None
         aside = path.with_name(f"{path.name}.damaged-{int(time.time())}")
         _LOGGER.error("%s; moving it to %s and starting a new journal", exc, aside)
-        path.rename(aside)
-        return Journal(path, keep_done_s=settings.journal.keep_done_s)
+        try:
+            path.rename(aside)
+            return Journal(path, keep_done_s=settings.journal.keep_done_s)
+        except (OSError, JournalError) as again:
+            if isinstance(again, OSError) or _storage_fault(again):
+                _LOGGER.error("%s; serving without the journal", again)
+                return None
+            raise
+
+
+def _storage_fault(exc: JournalError) -> bool:
+    """A journal that fails for its storage (not its content): kept, opened again later."""
+    cause = exc.__cause__
+    return cause is not None and storage_condition(cause) in _STORAGE_CONDITIONS
 
 
 def build_pipeline(
@@ -98,7 +125,6 @@ class Service:
         settings: Settings,
         *,
         pipeline: Pipeline,
-        journal: Journal,
         outbox: Outbox,
         bridge: Bridge,
         say: SayFrontEnd,
@@ -109,7 +135,6 @@ class Service:
     ) -> None:
         self.settings = settings
         self.pipeline = pipeline
-        self.journal = journal
         self.outbox = outbox
         self.bridge = bridge
         self.say = say
@@ -118,6 +143,11 @@ class Service:
         self.reports = reports
         self.servers = list(servers)
         self._stopped = False
+
+    @property
+    def journal(self) -> Journal | None:
+        """The request journal in use (None while it cannot be opened)."""
+        return self.bridge.journal
 
     @property
     def idle(self) -> IdleWork:
@@ -138,7 +168,8 @@ class Service:
             server.stop()
         self.bridge.stop(timeout_s)
         self.pipeline.synthesizer.cache.close()
-        self.journal.close()
+        if self.bridge.journal is not None:
+            self.bridge.journal.close()
         _LOGGER.info("Stopped")
 
 
@@ -164,7 +195,8 @@ def build(
     outbox = Outbox(settings, connection)
     say = SayFrontEnd(settings, outbox, pipeline, journal)
     hermes = HermesFrontEnd(settings, outbox, pipeline)
-    reports = Reports(settings, outbox, pipeline)
+    bridge: Bridge | None = None
+    reports = Reports(settings, outbox, pipeline, lambda: bridge.faults() if bridge else {})
     api = BridgeApi(settings, outbox, pipeline, reports, preferences)
     # The MQTT front ends, in dispatch order (each owns distinct topics); a new one goes here.
     front_ends = [say, api, reports, hermes]
@@ -176,13 +208,13 @@ def build(
         journal=journal,
         say=say,
         front_ends=front_ends,
+        open_journal=lambda: open_journal(settings),
     )
     # Front ends with their own listeners (Wyoming, HTTP) go here, built with the pipeline.
     servers: list[Server] = [WyomingServer(settings, pipeline)]
     return Service(
         settings,
         pipeline=pipeline,
-        journal=journal,
         outbox=outbox,
         bridge=bridge,
         say=say,

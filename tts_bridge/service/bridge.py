@@ -3,28 +3,38 @@
 The bridge owns no request logic: each message goes to the front end that owns its topic
 (say, Hermes, bridge API, reports). Besides dispatching it resumes the journal's unfinished
 requests at start, runs the periodic chores, and says online/offline on <base>/bridge/state.
+
+A request delivered from the broker's retained store (someone published a say or API request
+with the retain flag) is acked and not executed: it would run again at every restart and
+reconnect. The bridge does not clear it (its ACL should not let it write its own request
+topics); the log says how.
+
+Without a journal (it could not be opened at start, e.g. on a full disk) the bridge serves
+anyway, each request acked after its answer, and tries to open it again every minute.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from tts_bridge.config import Settings
 from tts_bridge.mqtt.client import IncomingMessage, OutgoingMessage
+from tts_bridge.mqtt.protocol import encode_json
 from tts_bridge.service.frontend import MqttFrontEnd
-from tts_bridge.service.journal import Journal
+from tts_bridge.service.journal import DEFAULT_MAX_ATTEMPTS, Journal
 from tts_bridge.service.outbox import Connection, Outbox
 from tts_bridge.service.pipeline import Pipeline
 from tts_bridge.service.say import SayFrontEnd
 
 _LOGGER = logging.getLogger(__name__)
+_JOURNAL_RETRY_S = 60.0
 
-ONLINE = json.dumps({"state": "online"}).encode()
-OFFLINE = json.dumps({"state": "offline"}).encode()
+ONLINE = encode_json({"state": "online"})
+OFFLINE = encode_json({"state": "offline"})
 
 
 class Bridge:
@@ -37,15 +47,20 @@ class Bridge:
         *,
         outbox: Outbox,
         pipeline: Pipeline,
-        journal: Journal,
+        journal: Journal | None,
         say: SayFrontEnd,
         front_ends: Sequence[MqttFrontEnd],
+        open_journal: Callable[[], Journal | None] | None = None,
     ) -> None:
         self._settings = settings
         self._connection = connection
         self._outbox = outbox
         self._pipeline = pipeline
-        self._journal = journal
+        self.journal = journal
+        """The request journal; None while it cannot be opened (see `open_journal`)."""
+        self._open_journal = open_journal
+        self._journal_retry_at = time.monotonic() + _JOURNAL_RETRY_S
+        self._retained_logged: set[str] = set()
         self._say = say
         self.front_ends = [say, *(f for f in front_ends if f is not say)]
         self.topics = outbox.topics
@@ -75,17 +90,50 @@ class Bridge:
             front.stop()
         self._connection.stop(OutgoingMessage(self.topics.state, OFFLINE, qos=1, retain=True))
 
+    def faults(self) -> dict[str, Any]:
+        """The journal's state and the answers refused delivery, for health."""
+        journal = (
+            self.journal.health()
+            if self.journal is not None
+            else {"degraded": "not open", "write_errors": 0, "unrecorded_answers": 0}
+        )
+        return {
+            "journal_degraded": journal["degraded"],
+            "journal_write_errors": journal["write_errors"],
+            "journal_unrecorded_answers": journal["unrecorded_answers"],
+            "answers_not_authorized": self._say.refused_deliveries,
+        }
+
     def wait_connected(self, timeout_s: float) -> bool:
         return self._connection.connected.wait(timeout_s)
 
     def _resume(self) -> None:
-        """Serve what was accepted (and acked) but not answered before the last stop."""
-        self._journal.prune()
-        entries = self._journal.unfinished()
-        if entries:
-            _LOGGER.info("Resuming %d unfinished request(s) from the journal", len(entries))
-        for entry in entries:
+        """Serve what was accepted (and acked) but not answered before the last stop; answer
+        with an error what was resumed too often already (it likely stopped the bridge)."""
+        journal = self.journal
+        if journal is None:
+            return
+        journal.prune()
+        resumed = journal.resume(max_attempts=DEFAULT_MAX_ATTEMPTS)
+        for entry in resumed.poison:
+            self._say.retire(entry, entry.attempts)
+        if resumed.entries:
+            _LOGGER.info("Resuming %d unfinished request(s) from the journal", len(resumed.entries))
+        for entry in resumed.entries:
             self._say.resume(entry)
+
+    def _retry_journal(self, now: float) -> None:
+        """Open the journal that could not be opened at start, then resume what it holds."""
+        if self.journal is not None or self._open_journal is None or now < self._journal_retry_at:
+            return
+        self._journal_retry_at = now + _JOURNAL_RETRY_S
+        journal = self._open_journal()
+        if journal is None:
+            return
+        _LOGGER.warning("Request journal %s is open again; requests are journaled", journal.path)
+        self.journal = journal
+        self._say.use_journal(journal)
+        self._resume()
 
     # the network thread
 
@@ -97,10 +145,25 @@ class Bridge:
     def on_message(self, message: IncomingMessage) -> None:
         for front in self.front_ends:
             if front.owns(message.topic):
+                if message.retained and front.takes_requests:
+                    self._skip_retained(message)
+                    return
                 front.on_message(message)
                 return
         self._outbox.ack(message)
         _LOGGER.debug("Ignoring message on %s", message.topic)
+
+    def _skip_retained(self, message: IncomingMessage) -> None:
+        self._outbox.ack(message)
+        if message.topic in self._retained_logged:
+            return
+        self._retained_logged.add(message.topic)
+        _LOGGER.warning(
+            "Ignoring a retained request on %s: it would run again at every restart. Clear it "
+            "with: mosquitto_pub -t '%s' -r -n",
+            message.topic,
+            message.topic,
+        )
 
     # the maintenance thread
 
@@ -117,8 +180,9 @@ class Bridge:
                     front.maintain(now)
                 if idle_unload and not self._pipeline.scheduler.active:
                     engines.unload_idle(idle_unload)
-                if now >= next_prune:
+                self._retry_journal(now)
+                if now >= next_prune and self.journal is not None:
                     next_prune = now + 3600
-                    self._journal.prune()
+                    self.journal.prune()
             except Exception:
                 _LOGGER.exception("Maintenance failed")

@@ -16,6 +16,11 @@ class MqttFrontEnd(Protocol):
     and queue, and acknowledge the message (through the outbox) once it is safe to.
     """
 
+    takes_requests: bool = True
+    """Its messages are requests (say, API): one delivered from the broker's retained store is
+    acked and not executed (it would run again at every reconnect). False for state topics
+    that are retained by design (Home Assistant's birth message)."""
+
     def subscriptions(self) -> list[str]: ...
 
     def owns(self, topic: str) -> bool: ...

@@ -4,6 +4,14 @@ A whole WAV on <base>/audio/<target>; one self-contained WAV per sentence on its
 (asked for, or because the whole answer is too big for the broker); JSON answers on
 <base>/bridge/response/<name> and on the request's MQTT 5 response topic; refusals. Never a
 payload over the broker's limit: paho would reconnect forever on the broker's refusal.
+
+Never a requester's MQTT 5 Response Topic that `response_topic_refusal` refuses either: the
+bridge publishes with its own broker rights, so a response topic must not point it at its own
+inputs, Home Assistant discovery, Hermes or a topic outside `mqtt.response_topics`.
+
+Publishes of a request's audio can be tracked (`Delivery`): the broker's refusal of one
+(PUBACK reason code >= 0x80, e.g. 135 "Not authorized" from an ACL) turns its answer into the
+error `not_authorized`.
 """
 
 from __future__ import annotations
@@ -18,8 +26,8 @@ from typing import Any, Protocol
 from tts_bridge.audio import encode_wav
 from tts_bridge.config import Settings
 from tts_bridge.mqtt import discovery
-from tts_bridge.mqtt.client import IncomingMessage, OutgoingMessage
-from tts_bridge.mqtt.protocol import Topics, error_response, new_id
+from tts_bridge.mqtt.client import IncomingMessage, OutgoingMessage, PublishResult
+from tts_bridge.mqtt.protocol import Topics, error_response, new_id, response_topic_refusal
 from tts_bridge.speech.synthesis import AudioPart
 
 _LOGGER = logging.getLogger(__name__)
@@ -39,7 +47,11 @@ class Connection(Protocol):
 
     def stop(self, final: OutgoingMessage | None = None, timeout_s: float = 5.0) -> None: ...
 
-    def publish(self, message: OutgoingMessage) -> Any: ...
+    def publish(
+        self,
+        message: OutgoingMessage,
+        on_result: Callable[[PublishResult], None] | None = None,
+    ) -> Any: ...
 
     def ack(self, mid: int, qos: int) -> None: ...
 
@@ -60,6 +72,40 @@ class ReplyTo:
 
 Flags = Sequence[tuple[str, str]]
 
+DELIVERY_WAIT_S = 5.0
+"""How long an answer waits for the broker to acknowledge its audio. Over a live connection
+the acknowledgement takes milliseconds; while disconnected paho holds the audio and the answer
+goes out after this wait without knowing (it is queued behind the audio either way)."""
+
+
+class Delivery:
+    """The broker's answers to the publishes of one request's audio (see `Outbox.audio`)."""
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self._waiting = 0
+        self.refused: list[PublishResult] = []
+
+    def track(self) -> Callable[[PublishResult], None]:
+        """An `on_result` for one more publish."""
+        with self._changed:
+            self._waiting += 1
+
+        def done(result: PublishResult) -> None:
+            with self._changed:
+                self._waiting -= 1
+                if not result.ok:
+                    self.refused.append(result)
+                self._changed.notify_all()
+
+        return done
+
+    def wait(self, timeout_s: float = DELIVERY_WAIT_S) -> list[PublishResult]:
+        """Wait (bounded) until the broker answered every tracked publish; the refused ones."""
+        with self._changed:
+            self._changed.wait_for(lambda: self._waiting <= 0, timeout_s)
+            return list(self.refused)
+
 
 class AudioTooLargeError(Exception):
     """Not even one sentence's WAV fits the broker's limit on the audio topic."""
@@ -77,12 +123,45 @@ class Outbox:
 
     def __init__(self, settings: Settings, connection: Connection) -> None:
         self.topics = Topics(settings.mqtt.base_topic)
+        self._settings = settings
         self._connection = connection
         self._expiry = settings.mqtt.audio_expiry_s or None
+
+    def response_topic_refusal(self, topic: str | None) -> str | None:
+        """Why the bridge must not publish to this MQTT 5 Response Topic; None if it may (or
+        there is none)."""
+        if not topic:
+            return None
+        return response_topic_refusal(
+            topic,
+            self.topics.base,
+            discovery_prefix=self._settings.homeassistant.prefix,
+            allowed=self._settings.mqtt.response_topics,
+        )
+
+    def _reply_topic(self, reply: ReplyTo | None) -> str | None:
+        """The request's response topic when the bridge may publish there."""
+        if reply is None or not reply.response_topic:
+            return None
+        reason = self.response_topic_refusal(reply.response_topic)
+        if reason is not None:
+            # The front ends refuse such a request first; this is the last guard.
+            _LOGGER.warning("Not publishing to response topic %r: %s", reply.response_topic, reason)
+            return None
+        return reply.response_topic
 
     @property
     def connected(self) -> bool:
         return self._connection.connected.is_set()
+
+    def connection_health(self) -> dict[str, Any]:
+        """The broker's refusals of the bridge's publishes (by reason) and session takeovers
+        (another client with the bridge's client id), for health."""
+        refusals = getattr(self._connection, "refusals", {})
+        return {
+            "publish_refusals": dict(refusals),
+            "session_takeovers": int(getattr(self._connection, "takeovers", 0)),
+        }
 
     def ack(self, message: IncomingMessage) -> None:
         self._connection.ack(message.mid, message.qos)
@@ -98,10 +177,11 @@ class Outbox:
     def answer(self, name: str, body: bytes, reply: ReplyTo | None = None) -> None:
         """A JSON answer on <base>/bridge/response/<name> and on the request's response topic."""
         self._connection.publish(OutgoingMessage(self.topics.response(name), body))
-        if reply is not None and reply.response_topic:
+        topic = self._reply_topic(reply)
+        if topic is not None and reply is not None:
             self._connection.publish(
                 OutgoingMessage(
-                    reply.response_topic,
+                    topic,
                     body,
                     content_type="application/json",
                     correlation_data=reply.correlation_data,
@@ -139,10 +219,13 @@ class Outbox:
         flags: Flags,
         parts: Callable[[], list[AudioPart]],
         sample_rate: int,
+        *,
+        delivery: Delivery | None = None,
     ) -> bool:
         """The answer on <base>/audio/<target>: one WAV, or (too big for the broker) one WAV per
         sentence from `parts()` on the stream topic; True for the latter. Raises AudioTooLargeError
-        when even a sentence does not fit (then nothing was published)."""
+        when even a sentence does not fit (then nothing was published). `delivery` collects the
+        broker's answers."""
         topic = self.topics.audio(target)
         limit = self._connection.max_payload(topic)
         if limit is None or len(wav) <= limit:
@@ -153,17 +236,25 @@ class Outbox:
                     content_type="audio/wav",
                     user_properties=flags,
                     expiry_s=self._expiry,
-                )
+                ),
+                on_result=_tracked(delivery),
             )
             return False
         sentences = parts()
         if any(len(encode_wav(p.pcm, sample_rate)) > limit for p in sentences):
             raise AudioTooLargeError(limit)
         for part in sentences:
-            self.stream_part(target, flags, part, sample_rate)
+            self.stream_part(target, flags, part, sample_rate, delivery)
         return True
 
-    def stream_part(self, target: str, flags: Flags, part: AudioPart, sample_rate: int) -> None:
+    def stream_part(
+        self,
+        target: str,
+        flags: Flags,
+        part: AudioPart,
+        sample_rate: int,
+        delivery: Delivery | None = None,
+    ) -> None:
         """One self-contained WAV on <base>/audio/<target>/stream, in order: a sentence, or a
         piece of one from an engine that streams within a sentence. `flags` start with the
         request's id and tier."""
@@ -181,24 +272,38 @@ class Outbox:
                 content_type="audio/wav",
                 user_properties=props,
                 expiry_s=self._expiry,
-            )
+            ),
+            on_result=_tracked(delivery),
         )
 
-    def reply_audio(self, request_id: str | int, wav: bytes, flags: Flags, reply: ReplyTo) -> None:
+    def reply_audio(
+        self,
+        request_id: str | int,
+        wav: bytes,
+        flags: Flags,
+        reply: ReplyTo,
+        delivery: Delivery | None = None,
+    ) -> None:
         """The WAV on the request's MQTT 5 response topic, if it fits (else a warning)."""
-        if not reply.response_topic:
+        topic = self._reply_topic(reply)
+        if topic is None:
             return
-        limit = self._connection.max_payload(reply.response_topic)
+        limit = self._connection.max_payload(topic)
         if limit is not None and len(wav) > limit:
             _LOGGER.warning("Request %s: audio too big for its response topic", request_id)
             return
         self._connection.publish(
             OutgoingMessage(
-                reply.response_topic,
+                topic,
                 wav,
                 content_type="audio/wav",
                 correlation_data=reply.correlation_data,
                 user_properties=flags,
                 expiry_s=self._expiry,
-            )
+            ),
+            on_result=_tracked(delivery),
         )
+
+
+def _tracked(delivery: Delivery | None) -> Callable[[PublishResult], None] | None:
+    return delivery.track() if delivery is not None else None

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import time
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import psutil
@@ -13,6 +13,7 @@ from tts_bridge import __version__
 from tts_bridge.config import Settings
 from tts_bridge.mqtt import discovery
 from tts_bridge.mqtt.client import IncomingMessage, OutgoingMessage
+from tts_bridge.mqtt.protocol import encode_json
 from tts_bridge.service.frontend import MqttFrontEnd
 from tts_bridge.service.outbox import Outbox
 from tts_bridge.service.pipeline import Pipeline
@@ -21,8 +22,18 @@ _LOGGER = logging.getLogger(__name__)
 
 
 class Reports(MqttFrontEnd):
-    def __init__(self, settings: Settings, outbox: Outbox, pipeline: Pipeline) -> None:
+    takes_requests = False  # homeassistant/status is retained
+
+    def __init__(
+        self,
+        settings: Settings,
+        outbox: Outbox,
+        pipeline: Pipeline,
+        faults: Callable[[], Mapping[str, Any]] | None = None,
+    ) -> None:
+        """`faults` adds the service's fault counts to health (journal, refused answers)."""
         self._settings = settings
+        self._faults = faults
         self._outbox = outbox
         self._pipeline = pipeline
         self.topics = outbox.topics
@@ -99,6 +110,10 @@ class Reports(MqttFrontEnd):
             "cache_hit_rate": cache["hit_rate"],
             "cache_entries": cache["entries"],
             "cache_bytes": cache["bytes"],
+            "cache_degraded": cache["degraded"],
+            "cache_write_errors": cache["write_errors"],
+            **self._outbox.connection_health(),
+            **(self._faults() if self._faults is not None else {}),
             "rss_mb": round(psutil.Process().memory_info().rss / 2**20, 1),
             "loaded_models": engines.loaded(),
             "model_memory_mb": {k: round(v) for k, v in engines.resident_mb().items()},
@@ -106,10 +121,10 @@ class Reports(MqttFrontEnd):
         }
 
     def publish_info(self) -> None:
-        self._outbox.retained_json(self.topics.info, json.dumps(self.info()).encode())
+        self._outbox.retained_json(self.topics.info, encode_json(self.info()))
 
     def publish_health(self) -> None:
-        self._outbox.retained_json(self.topics.health, json.dumps(self.health()).encode())
+        self._outbox.retained_json(self.topics.health, encode_json(self.health()))
 
     def publish_discovery(self) -> None:
         """Home Assistant device discovery (retained), or its removal when turned off."""

@@ -2,7 +2,12 @@
 
 Parse, validate, journal, ack, route and queue on the network thread; render and deliver on a
 worker. Every say request gets exactly one answer on <base>/bridge/response/say (and on its
-MQTT 5 response topic, if it gave one), which is also recorded in the journal.
+MQTT 5 response topic, if it gave one and the bridge may publish there), which is also
+recorded in the journal.
+
+When the journal cannot be written (disk full) a request is served without it and acked only
+once its answer is out, so the broker still has it if the bridge dies first. When the broker
+refuses the request's audio (an ACL), the answer is the error `not_authorized`.
 """
 
 from __future__ import annotations
@@ -10,10 +15,18 @@ from __future__ import annotations
 import json
 import logging
 import time
+from dataclasses import dataclass
 
 from tts_bridge.config import Settings
 from tts_bridge.mqtt.client import IncomingMessage
-from tts_bridge.mqtt.protocol import ProtocolError, SayRequest, ok_response, parse_say
+from tts_bridge.mqtt.protocol import (
+    ProtocolError,
+    SayRequest,
+    check_audio_seconds,
+    encode_json,
+    ok_response,
+    parse_say,
+)
 from tts_bridge.service.frontend import MqttFrontEnd, shared
 from tts_bridge.service.journal import (
     AcceptStatus,
@@ -22,23 +35,40 @@ from tts_bridge.service.journal import (
     JournalError,
     request_key,
 )
-from tts_bridge.service.outbox import AudioTooLargeError, Outbox, ReplyTo
+from tts_bridge.service.outbox import AudioTooLargeError, Delivery, Outbox, ReplyTo
 from tts_bridge.service.pipeline import Pipeline, SpeechError, SpeechJob
 from tts_bridge.speech.synthesis import AudioPart, SentenceAudio
 from tts_bridge.textlog import short
 
 _LOGGER = logging.getLogger(__name__)
+POISON_CODE = "poison_request"
+
+
+@dataclass(frozen=True)
+class _Closing:
+    """What closes a request once its answer is out: its journal entry (None or 0: none),
+    and the message to ack then (one the journal could not take, acked only after the answer
+    so that the broker keeps it until then)."""
+
+    entry_id: int | None = None
+    ack: IncomingMessage | None = None
 
 
 class SayFrontEnd(MqttFrontEnd):
     def __init__(
-        self, settings: Settings, outbox: Outbox, pipeline: Pipeline, journal: Journal
+        self, settings: Settings, outbox: Outbox, pipeline: Pipeline, journal: Journal | None
     ) -> None:
         self._settings = settings
         self._outbox = outbox
         self._pipeline = pipeline
         self._journal = journal
         self.topics = outbox.topics
+        self.refused_deliveries = 0
+        """Answers turned into not_authorized because the broker refused their audio."""
+
+    def use_journal(self, journal: Journal | None) -> None:
+        """The journal to record requests in (None: serve without one, acking after answers)."""
+        self._journal = journal
 
     def subscriptions(self) -> list[str]:
         return shared(self._settings, [self.topics.say, self.topics.say_targets])
@@ -58,6 +88,22 @@ class SayFrontEnd(MqttFrontEnd):
         reply = ReplyTo(entry.response_topic, entry.correlation_data)
         self._accept(target, entry.payload, reply, time.monotonic(), entry.entry_id)
 
+    def retire(self, entry: JournalEntry, attempts: int) -> None:
+        """Answer a journal entry that was resumed `attempts` times without finishing (it
+        likely made the bridge crash each time) with an error, and finish it."""
+        target = self.topics.target_of(entry.topic) or "default"
+        reply = ReplyTo(entry.response_topic, entry.correlation_data)
+        try:
+            parsed = parse_say(target, entry.payload, self._settings.limits)
+            request_id: str | int | None = parsed.id if parsed.id_given else None
+        except ProtocolError as exc:
+            request_id = exc.request_id
+        message = (
+            f"this request was resumed {attempts} times after the bridge stopped while serving "
+            "it, and is not served again; check the log for what stopped the bridge"
+        )
+        self._refuse(request_id, POISON_CODE, message, reply, target, _Closing(entry.entry_id))
+
     # network thread: nothing slow
 
     def _accept(
@@ -74,24 +120,39 @@ class SayFrontEnd(MqttFrontEnd):
 
         `message` is the live MQTT message (to journal and ack); `entry_id` a resumed entry.
         """
+        closing = _Closing(entry_id)
         try:
             request = parse_say(target, payload, self._settings.limits)
             _LOGGER.info("Request %s for %s: %s", request.id, target, short(request.text))
             plan = self._pipeline.check(request.text, request.voice, request.lang, request.options)
+            # Again with the speed the voice renders at (its own default may be slow).
+            check_audio_seconds(
+                " ".join(plan.sentences), plan.options.speed, self._settings.limits, request.id
+            )
+            refusal = self._outbox.response_topic_refusal(reply.response_topic)
+            if refusal is not None:
+                # Answered on the shared response topic only: the bridge's own broker rights
+                # must not be lent to whoever names a topic.
+                raise ProtocolError(
+                    "invalid_response_topic",
+                    f"response topic {short(reply.response_topic or '')!r} refused: {refusal}",
+                    request.id,
+                )
         except ProtocolError as exc:
-            self._refuse(exc.request_id, exc.code, str(exc), reply, target, entry_id)
+            self._refuse(exc.request_id, exc.code, str(exc), _no_reply(reply, exc), target, closing)
             if message is not None:
                 self._outbox.ack(message)
             return
         except SpeechError as exc:
-            self._refuse(request.id, exc.code, str(exc), reply, target, entry_id)
+            self._refuse(request.id, exc.code, str(exc), reply, target, closing)
             if message is not None:
                 self._outbox.ack(message)
             return
         if message is not None:
-            entry_id = self._journal_accept(message, request, reply)
-            if entry_id is None:
-                return  # a duplicate (answered again) or the journal failed (not acked)
+            accepted = self._journal_accept(message, request, reply)
+            if accepted is None:
+                return  # a duplicate (answered again)
+            closing = accepted
         job = self._pipeline.route(
             request.id,
             plan,
@@ -103,15 +164,19 @@ class SayFrontEnd(MqttFrontEnd):
         )
         if not self._pipeline.submit(
             job,
-            lambda job: self._serve(job, request, reply, entry_id),
+            lambda job: self._serve(job, request, reply, closing),
             force=message is None,
         ):
-            self._refuse(request.id, "busy", self._pipeline.busy_message(), reply, target, entry_id)
+            self._refuse(request.id, "busy", self._pipeline.busy_message(), reply, target, closing)
 
     def _journal_accept(
         self, message: IncomingMessage, request: SayRequest, reply: ReplyTo
-    ) -> int | None:
-        """Journal the request durably, then ack it; None when it must not be served now."""
+    ) -> _Closing | None:
+        """Journal the request durably, then ack it; None when it must not be served (a
+        duplicate). Without a journal (or one that cannot be written now) the request is
+        served and acked after its answer."""
+        if self._journal is None:
+            return _Closing(None, ack=message)
         key = request_key(
             message.topic,
             message.payload,
@@ -128,17 +193,18 @@ class SayFrontEnd(MqttFrontEnd):
                 received_at=time.time(),
                 dedupe=request.id_given or message.duplicate,
             )
-        except JournalError as exc:
-            # Not acked: the broker delivers it again after a reconnect.
-            _LOGGER.error("Cannot journal request %s (not acknowledged): %s", request.id, exc)
-            return None
+        except JournalError as exc:  # closed: the service is stopping
+            _LOGGER.warning("Request %s served without the journal: %s", request.id, exc)
+            return _Closing(None, ack=message)
+        if not result.ack_now:
+            return _Closing(None, ack=message)
         self._outbox.ack(message)
         if result.status is AcceptStatus.NEW:
-            return result.entry_id
+            return _Closing(result.entry_id)
         if result.status is AcceptStatus.DONE and result.outcome is not None:
             _LOGGER.info("Request %s is a duplicate; answering from the journal", request.id)
             # The answer again, for whoever missed it; not a second event (nothing new happened).
-            self._outbox.answer("say", json.dumps(result.outcome).encode(), reply)
+            self._outbox.answer("say", encode_json(result.outcome), reply)
         else:
             _LOGGER.info("Request %s is already being served; duplicate ignored", request.id)
         return None
@@ -146,20 +212,21 @@ class SayFrontEnd(MqttFrontEnd):
     # worker thread
 
     def _serve(
-        self, job: SpeechJob, request: SayRequest, reply: ReplyTo, entry_id: int | None
+        self, job: SpeechJob, request: SayRequest, reply: ReplyTo, closing: _Closing
     ) -> None:
         flags = [("id", str(request.id)), ("tier", job.route.tier)]
         pieces: list[SentenceAudio] = []
+        delivery = Delivery()
 
         def on_part(part: AudioPart) -> None:  # out as soon as it is made
-            self._outbox.stream_part(request.target, flags, part, job.sample_rate)
+            self._outbox.stream_part(request.target, flags, part, job.sample_rate, delivery)
 
         try:
             rendering = self._pipeline.render(
                 job, on_sentence=pieces.append, on_part=on_part if request.stream else None
             )
         except SpeechError as exc:
-            self._refuse(request.id, exc.code, str(exc), reply, request.target, entry_id)
+            self._refuse(request.id, exc.code, str(exc), reply, request.target, closing)
             return
         flags.append(("cached", "true" if rendering.cached else "false"))
         chunked = False
@@ -171,13 +238,31 @@ class SayFrontEnd(MqttFrontEnd):
                     flags,
                     lambda: self._pipeline.sentence_parts(pieces, rendering.sample_rate),
                     rendering.sample_rate,
+                    delivery=delivery,
                 )
             except AudioTooLargeError as exc:
                 self._refuse(
-                    request.id, "audio_too_large", str(exc), reply, request.target, entry_id
+                    request.id, "audio_too_large", str(exc), reply, request.target, closing
                 )
                 return
-        self._outbox.reply_audio(request.id, rendering.wav, flags, reply)
+        self._outbox.reply_audio(request.id, rendering.wav, flags, reply, delivery)
+        refused = delivery.wait()
+        if refused:
+            self.refused_deliveries += 1
+            first = refused[0]
+            _LOGGER.error(
+                "Request %s: the broker refused its audio on %s (%s, reason code %d)",
+                request.id,
+                first.topic,
+                first.reason,
+                first.reason_code,
+            )
+            message = (
+                f"the broker refused the audio on {first.topic}: {first.reason} (reason code "
+                f"{first.reason_code}); the broker's ACL must let the bridge publish there"
+            )
+            self._refuse(request.id, "not_authorized", message, reply, request.target, closing)
+            return
         latency_ms = round((time.monotonic() - job.received) * 1000, 1)
         data = {
             "target": request.target,
@@ -199,7 +284,7 @@ class SayFrontEnd(MqttFrontEnd):
         # Counted first: a client that reads health after its answer finds it counted.
         self._pipeline.count_answer(job.route.tier, latency_ms)
         self._outbox.say_answer(request.target, body)
-        self._finish(entry_id, body)
+        self._finish(closing, body)
         _LOGGER.info(
             "Request %s done: %s tier, %s/%s, %d ms of audio, cached %d/%d, %.0f ms",
             request.id,
@@ -212,23 +297,31 @@ class SayFrontEnd(MqttFrontEnd):
             latency_ms,
         )
 
-    def _refuse(  # noqa: PLR0917  (the outbox's refusal and the journal entry it closes)
+    def _refuse(  # noqa: PLR0917  (the outbox's refusal and the request it closes)
         self,
         request_id: str | int | None,
         code: str,
         message: str,
         reply: ReplyTo,
         target: str,
-        entry_id: int | None,
+        closing: _Closing,
     ) -> None:
         self._pipeline.count_error()
         body = self._outbox.refuse(request_id, code, message, reply, target)
-        self._finish(entry_id, body)
+        self._finish(closing, body)
 
-    def _finish(self, entry_id: int | None, body: bytes) -> None:
-        if entry_id is None:
-            return
-        try:
-            self._journal.finish(entry_id, json.loads(body))
-        except JournalError as exc:
-            _LOGGER.error("Cannot record the answer in the journal: %s", exc)
+    def _finish(self, closing: _Closing, body: bytes) -> None:
+        """After the answer is out: record it in the journal, ack a message it could not take."""
+        journal = self._journal
+        if closing.entry_id and journal is not None:
+            try:
+                journal.finish(closing.entry_id, json.loads(body))
+            except JournalError as exc:
+                _LOGGER.error("Cannot record the answer in the journal: %s", exc)
+        if closing.ack is not None:
+            self._outbox.ack(closing.ack)
+
+
+def _no_reply(reply: ReplyTo, exc: ProtocolError) -> ReplyTo:
+    """Where a refusal goes: not to a response topic that was itself refused."""
+    return ReplyTo(None, None) if exc.code == "invalid_response_topic" else reply
