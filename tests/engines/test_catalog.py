@@ -6,6 +6,7 @@ accepts it, the pool builds and verifies its model, the synthesizer speaks and c
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -227,3 +228,28 @@ def test_doctor_checks_a_registered_kind(tone: EngineSpec, tmp_path: Path) -> No
     missing, none = check_voice(settings, "named", threads=1)
     assert (missing.status, none) == (Status.FAIL, None)
     assert f"{settings.models.dir / 'x.tone'} does not exist" in missing.detail
+
+
+def test_a_model_file_swapped_after_start_is_refused_at_the_next_load(
+    tone: EngineSpec, bundled: Path, tmp_path: Path
+) -> None:
+    settings = _settings(tmp_path, {"beep": {"engine": "tone"}})
+    add_model("a440", bundled, settings.models.dir)
+    pool = EnginePool(settings)
+    synth = Synthesizer(settings, pool, SentenceCache(settings.cache))
+    try:
+        assert not synth.render("Beep.", "beep").cached
+        pool.unload_all()  # as after an idle unload
+        before = bundled.stat()
+        bundled.write_text("880", encoding="utf-8")  # same size, and the mtime set back
+        os.utime(bundled, ns=(before.st_atime_ns, before.st_mtime_ns))
+        with pytest.raises(EngineError, match=rf"{bundled}: sha256 mismatch"):
+            synth.render("Beep again.", "beep", use_cache=False)
+        assert not pool.loaded(), "a swapped model must not be loaded"
+        # What is cached was made by the verified model: still served, without a load.
+        assert synth.render("Beep.", "beep").cached
+        bundled.write_text("440", encoding="utf-8")  # restored: trusted again
+        assert synth.render("Beep again.", "beep", use_cache=False).duration_ms > 0
+        assert pool.loaded() == [pool.voice("beep").engine.identity]
+    finally:
+        synth.cache.close()

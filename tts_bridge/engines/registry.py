@@ -30,7 +30,7 @@ from tts_bridge.config import Settings, VoiceSettings
 from tts_bridge.engines import catalog
 from tts_bridge.engines.base import Engine, EngineError, Tier
 from tts_bridge.engines.catalog import EngineContext
-from tts_bridge.manifests import FileHasher
+from tts_bridge.manifests import FileHasher, ModelFileError
 from tts_bridge.speech.hardware import OnnxSessionPlan
 
 if TYPE_CHECKING:
@@ -163,6 +163,9 @@ class EnginePool:
         self._factories: dict[str, VoiceFactory] = {}
         self._fallbacks: dict[int, _Fallback] = {}
         self._unverified: dict[str, str] = {}
+        self._model_files: dict[int, tuple[Path, str, str]] = {}
+        """Engine (by id) -> its one model file, the manifest's hash, the hash in its identity:
+        verified again at every load."""
         self._loader = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="model-load")
         # Start its thread now, from the constructing (normal-priority) thread: an executor
         # starts threads on first use, from whichever thread submits.
@@ -242,6 +245,10 @@ class EnginePool:
                 problem = spec.check_files(path, expected, self._hasher.sha256)
                 if problem:
                     self._unverified[engine.identity] = problem
+                elif expected and len(expected) == 1 and path.is_file():
+                    # A model folder (ChatTTS) is verified by its engine at every load.
+                    (want,) = expected.values()
+                    self._model_files[id(engine)] = (path, want, self._hasher.sha256(path))
             return engine
 
     def add_fallback(
@@ -314,6 +321,7 @@ class EnginePool:
         with self._lock:
             if engine.loaded:
                 return
+            self._verify_model_file(engine)
             fallback = self._fallbacks.get(id(engine))
             if fallback is not None and fallback.failed is not None:
                 # A request validated before the switch still holds the old voice.
@@ -357,6 +365,24 @@ class EnginePool:
                 engine.identity,
                 self.load_seconds[engine.identity],
                 grown,
+            )
+
+    def _verify_model_file(self, engine: Engine) -> None:
+        """The engine's model file as its identity says, checked at every load (after an idle
+        unload too): a file swapped since start is refused, so audio made from it is never
+        cached under the identity of the original. One stat while the file is unchanged."""
+        known = self._model_files.get(id(engine))
+        if known is None:
+            return
+        path, want, built = known
+        try:
+            actual = self._hasher.verify(path, want)
+        except ModelFileError as exc:
+            _LOGGER.error("Refusing to load %s: %s", engine.identity, exc)
+            raise
+        if actual != built:  # restored to the manifest's hash, but not the identity's
+            raise ModelFileError(
+                path, "sha256 mismatch", f"sha256 {built} (at start)", f"sha256 {actual}"
             )
 
     def _fall_back(self, engine: Engine, fallback: _Fallback, exc: Exception) -> None:
