@@ -52,6 +52,8 @@ class FakeConnection:
         self.published_at: list[float] = []
         """time.monotonic() of each publish, in the order of `published`."""
         self.acks: list[tuple[int, int]] = []
+        self.sequence: list[OutgoingMessage | tuple[int, int]] = []
+        """Publishes and acks (mid, qos) in the order they happened."""
         self.subscriptions: list[str] = []
         self.final: OutgoingMessage | None = None
         self.started = self.stopped = False
@@ -108,6 +110,7 @@ class FakeConnection:
                     self.oversized.append(message)
                 self.published.append(message)
                 self.published_at.append(time.monotonic())
+                self.sequence.append(message)
             self._changed.notify_all()
         if on_result is not None:
             on_result(PublishResult(message.topic, next(self._out_mids), code, reason))
@@ -115,6 +118,7 @@ class FakeConnection:
     def ack(self, mid: int, qos: int) -> None:
         with self._changed:
             self.acks.append((mid, qos))
+            self.sequence.append((mid, qos))
             self._changed.notify_all()
 
     def max_payload(self, topic: str) -> int | None:
@@ -165,6 +169,11 @@ class FakeConnection:
         """When `message` was published (time.monotonic())."""
         with self._changed:
             return self.published_at[next(i for i, m in enumerate(self.published) if m is message)]
+
+    def order(self, item: OutgoingMessage | tuple[int, int]) -> int:
+        """Where a publish or an ack (mid, qos) is in `sequence`."""
+        with self._changed:
+            return next(i for i, x in enumerate(self.sequence) if x is item or x == item)
 
     def mark(self) -> int:
         with self._changed:

@@ -80,6 +80,12 @@ class BridgeApi(MqttFrontEnd):
             if not isinstance(transaction, str | int | type(None)) or isinstance(transaction, bool):
                 transaction = None
                 raise ApiError("invalid_request", "'transaction' must be a string or an integer")
+            refusal = self._outbox.response_topic_refusal(message.response_topic)
+            if refusal is not None:  # not executed: answered on the shared topic only
+                raise ApiError(
+                    "invalid_response_topic",
+                    f"response topic {(message.response_topic or '')[:64]!r} refused: {refusal}",
+                )
             handler = self.requests.get(name)
             if handler is None:
                 known = ", ".join(sorted(self.requests))

@@ -17,7 +17,7 @@ from typing import Any
 
 from tts_bridge.config import Settings
 from tts_bridge.engines.base import EngineError, Tier
-from tts_bridge.engines.registry import UnknownVoiceError
+from tts_bridge.engines.registry import UnknownVoiceError, Voice
 from tts_bridge.speech.idle import IdleWork
 from tts_bridge.speech.routing import Route, TierRouter
 from tts_bridge.speech.scheduler import Scheduler
@@ -267,14 +267,63 @@ class Pipeline:
         """Render from the cache or the engine, and note the request for idle work.
 
         `on_part` gets each sentence (or streamed piece of one) as soon as it is ready;
-        `on_sentence` each complete sentence. Raises SpeechError ("synthesis_failed" for
-        engine failures)."""
+        `on_sentence` each complete sentence of the rendering that answers, once it is done.
+        When the voice fails (synthesis_failed) before any part went out, the request's other
+        tier answers it, if it has one. Raises SpeechError ("synthesis_failed" for engine
+        failures)."""
         plan, route = job.plan, job.route
+        emitted = False
+
+        def part(piece: AudioPart) -> None:
+            nonlocal emitted
+            emitted = True
+            assert on_part is not None
+            on_part(piece)
+
+        pieces: list[SentenceAudio] = []
         try:
-            rendering = self.synthesizer.render_plan(
-                plan,
-                route.voice,
-                tier=route.tier,
+            rendering = self._render(
+                job, route.voice, route.tier, part if on_part else None, pieces.append, volume
+            )
+        except SpeechError as exc:
+            other = self._other_tier(job)
+            if exc.code != "synthesis_failed" or other is None or emitted:
+                raise
+            # The other tier answers this request (a failing fast voice must not leave the
+            # request unanswered while the quality voice could speak it, and the reverse).
+            _LOGGER.warning(
+                "Request %s: voice %s failed (%s); answering with voice %s",
+                job.id,
+                route.voice.name,
+                exc,
+                other.name,
+            )
+            pieces = []
+            rendering = self._render(
+                job, other, other.tier, part if on_part else None, pieces.append, volume
+            )
+        if on_sentence is not None:
+            for piece in pieces:
+                on_sentence(piece)
+        if job.rerouted and job.use_cache:
+            self.idle.note_fast_answer(plan.voice.name, plan.sentences)
+        self.idle.note_request(plan.voice.name, plan.sentences)
+        return rendering
+
+    def _render(  # noqa: PLR0917  (render's arguments, for one voice)
+        self,
+        job: SpeechJob,
+        voice: Voice,
+        tier: str,
+        on_part: Callable[[AudioPart], None] | None,
+        on_sentence: Callable[[SentenceAudio], None],
+        volume: float | None,
+    ) -> Rendering:
+        try:
+            return self.synthesizer.render_plan(
+                job.plan,
+                voice,
+                tier=tier,
                 use_cache=job.use_cache,
                 on_sentence=on_sentence,
                 on_part=on_part,
@@ -287,10 +336,23 @@ class Pipeline:
         except Exception as exc:
             _LOGGER.exception("Request %s failed", job.id)
             raise SpeechError("synthesis_failed", f"internal error: {type(exc).__name__}") from exc
-        if job.rerouted and job.use_cache:
-            self.idle.note_fast_answer(plan.voice.name, plan.sentences)
-        self.idle.note_request(plan.voice.name, plan.sentences)
-        return rendering
+
+    def _other_tier(self, job: SpeechJob) -> Voice | None:
+        """The voice of the other tier for this request, if it has one that speaks its
+        language: the requested voice for a job sent to its fast voice, else its fast voice."""
+        if job.rerouted:
+            return job.plan.voice
+        name = job.plan.voice.settings.fast_voice
+        if not name:
+            return None
+        try:
+            fast = self.synthesizer.engines.voice(name)
+        except UnknownVoiceError:
+            return None
+        language = job.plan.language
+        if fast is job.plan.voice or (language and language not in fast.engine.languages):
+            return None
+        return fast
 
     def sentence_parts(self, pieces: Sequence[SentenceAudio], sample_rate: int) -> list[AudioPart]:
         """Whole sentences as the per-sentence stream messages (for audio too big as one)."""

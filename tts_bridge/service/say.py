@@ -228,6 +228,7 @@ class SayFrontEnd(MqttFrontEnd):
         except SpeechError as exc:
             self._refuse(request.id, exc.code, str(exc), reply, request.target, closing)
             return
+        flags[1] = ("tier", rendering.tier)  # the other tier's, if it answered instead
         flags.append(("cached", "true" if rendering.cached else "false"))
         chunked = False
         if not request.stream:
@@ -282,13 +283,13 @@ class SayFrontEnd(MqttFrontEnd):
             data["sentence_voices"] = list(rendering.sentence_voices)
         body = ok_response(request.id, data)
         # Counted first: a client that reads health after its answer finds it counted.
-        self._pipeline.count_answer(job.route.tier, latency_ms)
+        self._pipeline.count_answer(rendering.tier, latency_ms)
         self._outbox.say_answer(request.target, body)
         self._finish(closing, body)
         _LOGGER.info(
             "Request %s done: %s tier, %s/%s, %d ms of audio, cached %d/%d, %.0f ms",
             request.id,
-            job.route.tier,
+            rendering.tier,
             rendering.voice,
             rendering.engine,
             rendering.duration_ms,
