@@ -106,6 +106,8 @@ def _start_bridge(
     config["cache"]["dir"] = str(workdir / "cache")
     config["journal"]["path"] = str(workdir / "journal.sqlite3")
     config["wyoming"]["enabled"] = False  # an MQTT benchmark: no Wyoming server
+    # Loopback and any free port: a benchmark's audio server stays off the LAN.
+    config["http"].update({"host": "127.0.0.1", "port": 0})
     config_path = workdir / "bridge.yaml"
     config_path.write_text(yaml.safe_dump(config), encoding="utf-8")
     return subprocess.Popen(

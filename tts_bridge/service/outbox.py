@@ -139,10 +139,13 @@ class Outbox:
         flags: Flags,
         parts: Callable[[], list[AudioPart]],
         sample_rate: int,
+        *,
+        content_type: str = "audio/wav",
     ) -> bool:
-        """The answer on <base>/audio/<target>: one WAV, or (too big for the broker) one WAV per
-        sentence from `parts()` on the stream topic; True for the latter. Raises AudioTooLargeError
-        when even a sentence does not fit (then nothing was published)."""
+        """The answer on <base>/audio/<target>: one file (the WAV, or `wav` encoded as
+        `content_type`), or (too big for the broker) one WAV per sentence from `parts()` on the
+        stream topic; True for the latter. Raises AudioTooLargeError when even a sentence does
+        not fit (then nothing was published)."""
         topic = self.topics.audio(target)
         limit = self._connection.max_payload(topic)
         if limit is None or len(wav) <= limit:
@@ -150,7 +153,7 @@ class Outbox:
                 OutgoingMessage(
                     topic,
                     wav,
-                    content_type="audio/wav",
+                    content_type=content_type,
                     user_properties=flags,
                     expiry_s=self._expiry,
                 )
@@ -162,6 +165,18 @@ class Outbox:
         for part in sentences:
             self.stream_part(target, flags, part, sample_rate)
         return True
+
+    def audio_link(self, target: str, body: bytes, flags: Flags) -> None:
+        """A link to the answer's audio on <base>/audio/<target>, for devices that fetch it."""
+        self._connection.publish(
+            OutgoingMessage(
+                self.topics.audio(target),
+                body,
+                content_type="application/json",
+                user_properties=flags,
+                expiry_s=self._expiry,
+            )
+        )
 
     def stream_part(self, target: str, flags: Flags, part: AudioPart, sample_rate: int) -> None:
         """One self-contained WAV on <base>/audio/<target>/stream, in order: a sentence, or a
@@ -184,8 +199,16 @@ class Outbox:
             )
         )
 
-    def reply_audio(self, request_id: str | int, wav: bytes, flags: Flags, reply: ReplyTo) -> None:
-        """The WAV on the request's MQTT 5 response topic, if it fits (else a warning)."""
+    def reply_audio(
+        self,
+        request_id: str | int,
+        wav: bytes,
+        flags: Flags,
+        reply: ReplyTo,
+        *,
+        content_type: str = "audio/wav",
+    ) -> None:
+        """The audio on the request's MQTT 5 response topic, if it fits (else a warning)."""
         if not reply.response_topic:
             return
         limit = self._connection.max_payload(reply.response_topic)
@@ -196,7 +219,7 @@ class Outbox:
             OutgoingMessage(
                 reply.response_topic,
                 wav,
-                content_type="audio/wav",
+                content_type=content_type,
                 correlation_data=reply.correlation_data,
                 user_properties=flags,
                 expiry_s=self._expiry,

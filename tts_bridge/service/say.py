@@ -14,6 +14,7 @@ import time
 from tts_bridge.config import Settings
 from tts_bridge.mqtt.client import IncomingMessage
 from tts_bridge.mqtt.protocol import ProtocolError, SayRequest, ok_response, parse_say
+from tts_bridge.service.delivery import Delivered, Delivery, DeliveryError, link_message
 from tts_bridge.service.frontend import MqttFrontEnd, shared
 from tts_bridge.service.journal import (
     AcceptStatus,
@@ -32,12 +33,18 @@ _LOGGER = logging.getLogger(__name__)
 
 class SayFrontEnd(MqttFrontEnd):
     def __init__(
-        self, settings: Settings, outbox: Outbox, pipeline: Pipeline, journal: Journal
+        self,
+        settings: Settings,
+        outbox: Outbox,
+        pipeline: Pipeline,
+        journal: Journal,
+        delivery: Delivery | None = None,
     ) -> None:
         self._settings = settings
         self._outbox = outbox
         self._pipeline = pipeline
         self._journal = journal
+        self._delivery = delivery if delivery is not None else Delivery(settings, None)
         self.topics = outbox.topics
 
     def subscriptions(self) -> list[str]:
@@ -162,22 +169,40 @@ class SayFrontEnd(MqttFrontEnd):
             self._refuse(request.id, exc.code, str(exc), reply, request.target, entry_id)
             return
         flags.append(("cached", "true" if rendering.cached else "false"))
+        how = self._delivery.for_target(request.target, request.format)
+        delivered: Delivered | None = None
+        audio, content_type = rendering.wav, "audio/wav"
         chunked = False
-        if not request.stream:
-            try:
-                chunked = self._outbox.audio(
-                    request.target,
-                    rendering.wav,
-                    flags,
-                    lambda: self._pipeline.sentence_parts(pieces, rendering.sample_rate),
-                    rendering.sample_rate,
-                )
-            except AudioTooLargeError as exc:
-                self._refuse(
-                    request.id, "audio_too_large", str(exc), reply, request.target, entry_id
-                )
-                return
-        self._outbox.reply_audio(request.id, rendering.wav, flags, reply)
+        try:
+            if how.topic_needs_delivery:  # the topic waits for the encoding or the URL
+                delivered = self._delivery.deliver(how, rendering)
+                if delivered.data is not None and delivered.format is not None:
+                    audio, content_type = delivered.data, delivered.format.content_type
+                    flags.append(("format", delivered.format.container))
+            if not request.stream:
+                if how.payload == "url":
+                    assert delivered is not None and delivered.published is not None
+                    link = link_message(request.id, delivered.published)
+                    link_flags = [*flags, ("format", delivered.published.format.container)]
+                    self._outbox.audio_link(request.target, link, link_flags)
+                else:
+                    chunked = self._outbox.audio(
+                        request.target,
+                        audio,
+                        flags,
+                        lambda: self._pipeline.sentence_parts(pieces, rendering.sample_rate),
+                        rendering.sample_rate,
+                        content_type=content_type,
+                    )
+            if delivered is None:  # WAV on the topic first; the answer's URL after it
+                delivered = self._delivery.deliver(how, rendering)
+        except DeliveryError as exc:
+            self._refuse(request.id, exc.code, str(exc), reply, request.target, entry_id)
+            return
+        except AudioTooLargeError as exc:
+            self._refuse(request.id, "audio_too_large", str(exc), reply, request.target, entry_id)
+            return
+        self._outbox.reply_audio(request.id, audio, flags, reply, content_type=content_type)
         latency_ms = round((time.monotonic() - job.received) * 1000, 1)
         data = {
             "target": request.target,
@@ -191,7 +216,9 @@ class SayFrontEnd(MqttFrontEnd):
             "cached_sentences": rendering.cached_sentences,
             "duration_ms": rendering.duration_ms,
             "latency_ms": latency_ms,
-            "bytes": len(rendering.wav),
+            # What the target got: the audio, or behind its link the audio at the URL.
+            "bytes": len(audio) if how.payload == "audio" else delivered.size,
+            **delivered.answer_fields(),
         }
         if rendering.sentence_voices:  # a Chinese sentence went to a voice that speaks it
             data["sentence_voices"] = list(rendering.sentence_voices)
