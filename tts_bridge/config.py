@@ -420,7 +420,7 @@ class TargetSettings(_Section):
                 if value != unset
             ]
             if given:
-                raise ValueError(f"{', '.join(given)} need a format (e.g. format: mp3)")
+                raise ValueError(f"{', '.join(given)}: only with a format (e.g. format: mp3)")
             return self
         fmt = self._parsed()
         self.format = fmt.container  # an alias ("ogg") as its container's name
