@@ -179,21 +179,20 @@ class SayFrontEnd(MqttFrontEnd):
                 if delivered.data is not None and delivered.format is not None:
                     audio, content_type = delivered.data, delivered.format.content_type
                     flags.append(("format", delivered.format.container))
-            if not request.stream:
-                if how.payload == "url":
-                    assert delivered is not None and delivered.published is not None
-                    link = link_message(request.id, delivered.published)
-                    link_flags = [*flags, ("format", delivered.published.format.container)]
-                    self._outbox.audio_link(request.target, link, link_flags)
-                else:
-                    chunked = self._outbox.audio(
-                        request.target,
-                        audio,
-                        flags,
-                        lambda: self._pipeline.sentence_parts(pieces, rendering.sample_rate),
-                        rendering.sample_rate,
-                        content_type=content_type,
-                    )
+            if how.payload == "url":  # streamed or not: the device fetches the whole answer
+                assert delivered is not None and delivered.published is not None
+                link = link_message(request.id, delivered.published)
+                link_flags = [*flags, ("format", delivered.published.format.container)]
+                self._outbox.audio_link(request.target, link, link_flags)
+            elif not request.stream:
+                chunked = self._outbox.audio(
+                    request.target,
+                    audio,
+                    flags,
+                    lambda: self._pipeline.sentence_parts(pieces, rendering.sample_rate),
+                    rendering.sample_rate,
+                    content_type=content_type,
+                )
             if delivered is None:  # WAV on the topic first; the answer's URL after it
                 delivered = self._delivery.deliver(how, rendering)
         except DeliveryError as exc:
