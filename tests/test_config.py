@@ -425,6 +425,8 @@ def test_targets_take_a_format_and_a_payload() -> None:
     assert load_settings(environ={}).targets == {}
     # A dump reads back as the same settings (the benchmarks write their bridges' config so).
     assert Settings.model_validate(settings.model_dump(mode="json")).targets == settings.targets
+    env = {"TTS_BRIDGE_TARGETS__HALL__FORMAT": "flac", "TTS_BRIDGE_TARGETS__HALL__CHANNELS": "2"}
+    assert load_settings(environ=env).targets["hall"].audio_format == AudioFormat("flac", None, 2)
 
 
 @pytest.mark.parametrize(
@@ -435,7 +437,7 @@ def test_targets_take_a_format_and_a_payload() -> None:
         ({"kitchen": {"sample_rate": 44100}}, r"sample_rate: only with a format"),
         ({"kitchen": {"payload": "bytes"}}, r"targets\.kitchen\.payload"),
         ({"kitchen": {"colour": "red"}}, r"targets\.kitchen\.colour: unknown key"),
-        ({"bad name": {}}, r"target name 'bad name'"),
+        ({"bad name": {}}, r"targets: 'bad name' is not a valid target name"),
     ],
 )
 def test_bad_targets_name_the_key(targets: dict[str, Any], match: str) -> None:

@@ -488,7 +488,7 @@ class Settings(_Section):
     def _check_target_names(cls, targets: dict[str, TargetSettings]) -> dict[str, TargetSettings]:
         for name in targets:
             if not _NAME_RE.match(name):
-                raise ValueError(f"target name {name!r} must match {NAME_PATTERN}")
+                raise ValueError(f"{name!r} is not a valid target name (they match {NAME_PATTERN})")
         return targets
 
     @model_validator(mode="after")
