@@ -7,11 +7,13 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pydantic import BaseModel
 
 from tts_bridge.config import ConfigError, MqttSettings, Settings, default_client_id, load_settings
+from tts_bridge.formats import AudioFormat
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "config.example.yaml"
@@ -428,3 +430,48 @@ def test_response_topics_must_be_topic_filters() -> None:
     for bad in ("a/#/b", "a/b#", "x+/y", ""):
         with pytest.raises(ValueError, match="topic filter"):
             MqttSettings(response_topics=[bad])
+
+
+def test_targets_take_a_format_and_a_payload() -> None:
+    targets = {
+        "kitchen": {"format": "MP3", "sample_rate": 44100, "channels": 2},
+        "esp": {"payload": "url"},
+        "attic": {"format": "ogg", "bitrate_kbps": 24},
+    }
+    settings = load_settings(overrides={"targets": targets}, environ={})
+    kitchen, esp, attic = (settings.targets[n] for n in ("kitchen", "esp", "attic"))
+    assert kitchen.audio_format == AudioFormat("mp3", 44100, 2)
+    assert (kitchen.format, kitchen.payload) == ("mp3", "audio")
+    assert (esp.audio_format, esp.payload) == (None, "url")
+    assert attic.audio_format == AudioFormat("opus", bitrate_kbps=24)
+    # homeassistant.targets (the notify entities) is its own list, unchanged.
+    assert settings.homeassistant.targets == ["default"]
+    assert load_settings(environ={}).targets == {}
+    # A dump reads back as the same settings (the benchmarks write their bridges' config so).
+    assert Settings.model_validate(settings.model_dump(mode="json")).targets == settings.targets
+    env = {"TTS_BRIDGE_TARGETS__HALL__FORMAT": "flac", "TTS_BRIDGE_TARGETS__HALL__CHANNELS": "2"}
+    assert load_settings(environ=env).targets["hall"].audio_format == AudioFormat("flac", None, 2)
+
+
+@pytest.mark.parametrize(
+    ("targets", "match"),
+    [
+        ({"kitchen": {"format": "aac"}}, r"targets\.kitchen: .*unknown audio format 'aac'"),
+        ({"kitchen": {"format": "mp3", "sample_rate": 44000}}, r"mp3 supports sample rates"),
+        ({"kitchen": {"sample_rate": 44100}}, r"sample_rate: only with a format"),
+        ({"kitchen": {"payload": "bytes"}}, r"targets\.kitchen\.payload"),
+        ({"kitchen": {"colour": "red"}}, r"targets\.kitchen\.colour: unknown key"),
+        ({"bad name": {}}, r"targets: 'bad name' is not a valid target name"),
+    ],
+)
+def test_bad_targets_name_the_key(targets: dict[str, Any], match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        load_settings(overrides={"targets": targets}, environ={})
+
+
+def test_a_url_target_needs_the_http_server() -> None:
+    with pytest.raises(ConfigError, match=r"targets\.esp\.payload: url needs .*http\.enabled"):
+        load_settings(
+            overrides={"http": {"enabled": False}, "targets": {"esp": {"payload": "url"}}},
+            environ={},
+        )

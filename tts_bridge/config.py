@@ -429,6 +429,58 @@ class WyomingSettings(_Section):
     """Zeroconf instance name, distinct per bridge on a LAN; empty = the program name."""
 
 
+class TargetSettings(_Section):
+    """How one say target's speaker takes its audio (targets.<name>)."""
+
+    format: str | None = None
+    """Audio on <base>/audio/<target> and behind the answer's URL: wav, flac, mp3 or opus;
+    empty = the WAV as rendered on the topic, and http.format behind the URL."""
+    sample_rate: int | None = None
+    """Rate to resample to (e.g. 44100 or 48000); empty = the voice's own where the codec
+    takes it."""
+    channels: int = 1
+    """1 (mono) or 2 (the same audio on both)."""
+    bitrate_kbps: int | None = None
+    """MP3 or Opus bitrate; empty = one chosen for speech."""
+    payload: Literal["audio", "url"] = "audio"
+    """What <base>/audio/<target> carries: the audio itself, or a small JSON message with the
+    answer's URL (url, id, duration_ms, format) for devices that fetch it (ESP32 notifiers,
+    whose MQTT clients take messages under 64 KiB)."""
+
+    @model_validator(mode="after")
+    def _check_format(self) -> TargetSettings:
+        if self.format is None:
+            given = [
+                key
+                for key, value, unset in (
+                    ("sample_rate", self.sample_rate, None),
+                    ("channels", self.channels, 1),
+                    ("bitrate_kbps", self.bitrate_kbps, None),
+                )
+                if value != unset
+            ]
+            if given:
+                raise ValueError(f"{', '.join(given)}: only with a format (e.g. format: mp3)")
+            return self
+        fmt = self._parsed()
+        self.format = fmt.container  # an alias ("ogg") as its container's name
+        return self
+
+    def _parsed(self) -> AudioFormat:
+        # AudioFormat checks the combination (MP3 and Opus rates, bitrate ranges).
+        spec: dict[str, Any] = {"format": self.format, "channels": self.channels}
+        if self.sample_rate is not None:
+            spec["sample_rate"] = self.sample_rate
+        if self.bitrate_kbps is not None:
+            spec["bitrate_kbps"] = self.bitrate_kbps
+        return AudioFormat.parse(spec)
+
+    @property
+    def audio_format(self) -> AudioFormat | None:
+        """The configured format; None when the target keeps the rendered WAV."""
+        return None if self.format is None else self._parsed()
+
+
 class LoggingSettings(_Section):
     level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     """Log level; --debug overrides it."""
@@ -450,6 +502,9 @@ class Settings(_Section):
     hermes: HermesSettings = Field(default_factory=HermesSettings)
     http: HttpSettings = Field(default_factory=HttpSettings)
     wyoming: WyomingSettings = Field(default_factory=WyomingSettings)
+    targets: dict[str, TargetSettings] = Field(default_factory=dict)
+    """Per say target (speaker): the audio format and what its audio topic carries; a target
+    not listed gets WAV bytes on its topic."""
     phrases: list[str] = Field(default_factory=list)
     """Sentences to pre-render in quality at idle (for the default voice)."""
     phrases_file: Path | None = None
@@ -467,6 +522,24 @@ class Settings(_Section):
         if not voices:
             raise ValueError("at least one voice is needed")
         return voices
+
+    @field_validator("targets")
+    @classmethod
+    def _check_target_names(cls, targets: dict[str, TargetSettings]) -> dict[str, TargetSettings]:
+        for name in targets:
+            if not _NAME_RE.match(name):
+                raise ValueError(f"{name!r} is not a valid target name (they match {NAME_PATTERN})")
+        return targets
+
+    @model_validator(mode="after")
+    def _check_url_targets(self) -> Settings:
+        if not self.http.enabled:
+            for name, target in self.targets.items():
+                if target.payload == "url":
+                    raise ValueError(
+                        f"targets.{name}.payload: url needs the HTTP audio server (http.enabled)"
+                    )
+        return self
 
     @model_validator(mode="after")
     def _client_id_for_this_journal(self) -> Settings:

@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
-from tts_bridge.bench.encoding import encode_cost_rows, speechlike
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tts_bridge.bench import encoding
+from tts_bridge.bench.encoding import DEFAULT_FORMATS, encode_cost_rows, speechlike
+from tts_bridge.cli import main as cli
 from tts_bridge.formats import AudioFormat
 
 
@@ -26,3 +34,21 @@ def test_the_source_is_deterministic_and_in_range() -> None:
     assert a.size == 11025
     assert (a == b).all()
     assert float(abs(a).max()) <= 1.0
+
+
+def test_bench_encoding_prints_and_writes_the_rows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def short(*args: Any, **kwargs: Any) -> list[dict[str, Any]]:
+        return encode_cost_rows(DEFAULT_FORMATS, seconds=0.5, repeats=1)
+
+    monkeypatch.setattr(encoding, "encode_cost_rows", short)
+    config = tmp_path / "config.yaml"
+    config.write_text("{}\n", encoding="utf-8")
+    out = tmp_path / "encoding.json"
+    assert cli.main(["bench", "--config", str(config), "--encoding", "--out", str(out)]) == 0
+    rows = json.loads(out.read_text(encoding="utf-8"))["encoding"]
+    assert {row["format"] for row in rows} == {"mp3", "opus", "flac", "wav"}
+    printed = capsys.readouterr().out
+    assert "ms_per_audio_s" in printed
+    assert printed.count("\nmp3 ") == sum(row["format"] == "mp3" for row in rows)

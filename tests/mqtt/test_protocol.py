@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tts_bridge.config import LimitsSettings
+from tts_bridge.formats import AudioFormat
 from tts_bridge.mqtt.protocol import (
     ProtocolError,
     Topics,
@@ -54,6 +55,12 @@ def test_json_fields_are_read() -> None:
         (b'{"text": "hi", "id": "a\\u0000b"}', "invalid_request", None),
         (b'{"text": "hi", "id": "\\ud800"}', "invalid_request", None),
         (b'{"text": "hi", "lang": "english!"}', "invalid_request", None),
+        (b'{"text": "hi", "id": "f", "format": "aac"}', "invalid_format", "f"),
+        (b'{"text": "hi", "id": 3, "format": 5}', "invalid_format", 3),
+        (b'{"text": "hi", "format": {"format": "mp3", "sample_rate": 1}}', "invalid_format", None),
+        (b'{"text": "hi", "format": {"format": "wav", "channels": 3}}', "invalid_format", None),
+        (b'{"text": "hi", "format": {"sample_rate": 48000}}', "invalid_format", None),
+        (b'{"text": "hi", "format": {"format": "mp3", "x": 1}}', "invalid_format", None),
         (b'{"text": "hi", "x": ' + b"[" * 50 + b"]" * 50 + b"}", "json_too_deep", None),
         (b"[" * 100_000 + b"]" * 100_000, "payload_too_large", None),
         (b"x" * 5000, "payload_too_large", None),
@@ -65,6 +72,23 @@ def test_bad_payloads(payload: bytes, code: str, request_id: object) -> None:
     assert caught.value.code == code
     assert caught.value.request_id == request_id
     assert str(caught.value)
+
+
+def test_a_format_is_read_from_a_name_or_a_mapping() -> None:
+    assert parse_say("k", b'{"text": "hi"}', LIMITS).format is None
+    assert parse_say("k", b"plain text", LIMITS).format is None
+    named = parse_say("k", b'{"text": "hi", "format": "Ogg"}', LIMITS)
+    assert named.format == AudioFormat("opus")
+    payload = {"text": "hi", "format": {"format": "mp3", "sample_rate": 48000, "channels": 2}}
+    mapped = parse_say("k", json.dumps(payload).encode(), LIMITS)
+    assert mapped.format == AudioFormat("mp3", 48000, 2)
+
+
+def test_an_invalid_format_says_what_is_allowed() -> None:
+    with pytest.raises(ProtocolError) as caught:
+        parse_say("k", b'{"text": "hi", "format": "aac"}', LIMITS)
+    assert "field 'format'" in str(caught.value)
+    assert "wav, flac, mp3, opus" in str(caught.value)
 
 
 def test_recursion_bomb_within_size_limit() -> None:

@@ -254,6 +254,8 @@ def settings_for(tmp_path: Path, overrides: dict[str, Any] | None = None) -> Set
         "synthesis": {"onnx_threads": 1},
         # On fake connections nothing listens: no Wyoming server (tests/service/test_wyoming.py).
         "wyoming": {"enabled": False},
+        # On loopback and any free port: a test's audio server must not appear on the LAN.
+        "http": {"host": "127.0.0.1", "port": 0},
     }
     return load_settings(None, deep_merge(base, overrides or {}), environ={})
 

@@ -480,6 +480,8 @@ class BridgeFactory:
             "journal": {"path": str(self.tmp_path / "journal.sqlite3")},
             # Loopback only and never announced: a test bridge must not appear on the LAN.
             "wyoming": {"host": "127.0.0.1", "port": free_port(), "zeroconf": False},
+            # Loopback only, any free port (the answers' URLs name it): never on the LAN.
+            "http": {"host": "127.0.0.1", "port": 0},
         }
 
     def __call__(self, _wait_online: bool = True, **overrides: Any) -> RunningBridge:

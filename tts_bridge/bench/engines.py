@@ -1,4 +1,5 @@
-"""`tts-bridge bench`: engine load time, real-time factor and peak RSS; cache-hit latency over MQTT.
+"""`tts-bridge bench`: engine load time, real-time factor and peak RSS; what encoding an answer
+for a speaker costs; cache-hit latency over MQTT.
 
 Each engine is measured in its own child process so its peak RSS is its own. The cache-hit
 latency runs the real bridge as a subprocess against a private mosquitto on loopback and times
@@ -106,6 +107,8 @@ def _start_bridge(
     config["cache"]["dir"] = str(workdir / "cache")
     config["journal"]["path"] = str(workdir / "journal.sqlite3")
     config["wyoming"]["enabled"] = False  # an MQTT benchmark: no Wyoming server
+    # Loopback and any free port: a benchmark's audio server stays off the LAN.
+    config["http"].update({"host": "127.0.0.1", "port": 0})
     config_path = workdir / "bridge.yaml"
     config_path.write_text(yaml.safe_dump(config), encoding="utf-8")
     return subprocess.Popen(
@@ -187,6 +190,34 @@ def measure_cache_hits(
     }
 
 
+ENCODING_COLUMNS = ["format", "sample_rate", "channels", "ms_per_audio_s", "rtf", "kbps", "bytes"]
+
+
+def measure_encoding() -> list[dict[str, Any]]:
+    """Encoding cost per second of audio of the formats speakers play (bench.encoding)."""
+    from tts_bridge.bench.encoding import encode_cost_rows
+
+    print("measuring encoding (MP3, Opus, FLAC, WAV) ...", file=sys.stderr)
+    rows = encode_cost_rows()
+    print("\nencoding an answer, per second of audio (source 22.05 kHz mono):")
+    print(_table(rows, ENCODING_COLUMNS))
+    return rows
+
+
+def run_encoding_bench(out: Path) -> None:
+    """`bench --encoding`: the encoding rows alone, written to `out`."""
+    report: dict[str, Any] = {
+        "version": __version__,
+        "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "machine": machine_info(),
+        "command": "tts-bridge " + " ".join(sys.argv[1:]),
+        "encoding": measure_encoding(),
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    print(f"\nwritten to {out}")
+
+
 def run_bench(settings: Settings, args: argparse.Namespace) -> int:
     report: dict[str, Any] = {
         "version": __version__,
@@ -204,6 +235,7 @@ def run_bench(settings: Settings, args: argparse.Namespace) -> int:
             ["voice", "engine", "load_s", "rtf", "x_realtime", "sentence_ms_p50", "peak_rss_mb"],
         )
     )
+    report["encoding"] = measure_encoding()
     if not args.skip_mqtt:
         print(f"measuring {args.requests} cache hits over MQTT ...", file=sys.stderr)
         rows = []

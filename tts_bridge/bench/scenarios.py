@@ -92,6 +92,8 @@ def _session(settings: Settings, workdir: Path, overrides: dict[str, Any]) -> It
         config["cache"]["dir"] = str(workdir / "cache")
         config["journal"]["path"] = str(workdir / "journal.sqlite3")
         config["wyoming"]["enabled"] = False  # an MQTT benchmark: no Wyoming server
+        # Loopback and any free port: a benchmark's audio server stays off the LAN.
+        config["http"].update({"host": "127.0.0.1", "port": 0})
         config["homeassistant"]["discovery"] = False
         for section, values in overrides.items():
             config.setdefault(section, {}).update(values)

@@ -38,6 +38,7 @@ class _UsageError(Exception):
 DEFAULT_BENCH_OUT = Path("bench/results/bench.json")
 DEFAULT_CHATTTS_BENCH_OUT = Path("bench/results/chattts")
 DEFAULT_WER_OUT = Path("bench/results/wer.json")
+DEFAULT_ENCODING_OUT = Path("bench/results/encoding.json")
 
 
 def _setup_logging(settings: Settings | None, debug: bool) -> None:
@@ -366,6 +367,11 @@ def cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
         out = args.out if args.out != DEFAULT_BENCH_OUT else DEFAULT_CHATTTS_BENCH_OUT
         run_chattts_bench(out, args.tokens, args.batches, rounds=args.rounds)
         return 0
+    if args.encoding:
+        from tts_bridge.bench.engines import run_encoding_bench
+
+        run_encoding_bench(args.out if args.out != DEFAULT_BENCH_OUT else DEFAULT_ENCODING_OUT)
+        return 0
     if args.sweep:
         from tts_bridge.bench.sweep import run_sweep
 
@@ -484,6 +490,11 @@ def _add_bench_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         action="store_true",
         help="word error rate of joe and heart on home announcements, plain vs bridge "
         "(needs the bench extra)",
+    )
+    bench.add_argument(
+        "--encoding",
+        action="store_true",
+        help="only the encoding cost (MP3, Opus, FLAC, WAV) per second of audio",
     )
     bench.add_argument("--skip-mqtt", action="store_true", help="only the engine measurements")
     bench.add_argument("--burst", type=int, default=12, help="live requests in the routing burst")

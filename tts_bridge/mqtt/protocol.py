@@ -24,6 +24,7 @@ from pydantic import (
 
 from tts_bridge.config import LimitsSettings
 from tts_bridge.engines.base import SynthesisOptions, check_option_ranges
+from tts_bridge.formats import AudioFormat, FormatError
 
 DEFAULT_TARGET = "default"
 _TARGET_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -112,6 +113,8 @@ class SayPayload(BaseModel):
     tier: Literal["quality", "fast"] | None = None
     latency_budget_ms: StrictInt | None = Field(None, ge=1, le=600_000)
     options: dict[str, StrictBool | StrictInt | StrictFloat] | None = Field(None, max_length=16)
+    format: Any = None
+    """Checked by AudioFormat.parse (a name or a mapping), which says what is allowed."""
 
 
 @dataclass(frozen=True)
@@ -131,6 +134,8 @@ class SayRequest:
     """Engine synthesis options (speed, temperature, ...); checked against the voice's engine."""
     id_given: bool = False
     """The client chose the id (so a second copy is a duplicate, see journal.request_key)."""
+    format: AudioFormat | None = None
+    """The audio format asked for (audio topic and URL); None = the target's."""
 
 
 def mqtt_safe(value: str) -> bool:
@@ -287,6 +292,15 @@ def response_topic_refusal(
     return None
 
 
+def _parse_format(value: object, request_id: str | int | None) -> AudioFormat | None:
+    if value is None:
+        return None
+    try:
+        return AudioFormat.parse(value)
+    except FormatError as exc:
+        raise ProtocolError("invalid_format", f"field 'format': {exc}", request_id) from None
+
+
 def parse_say(target: str, payload: bytes, limits: LimitsSettings) -> SayRequest:
     """Turn a raw say payload into a request, or raise ProtocolError with a readable reason."""
     if not _TARGET_RE.match(target):
@@ -355,6 +369,7 @@ def parse_say(target: str, payload: bytes, limits: LimitsSettings) -> SayRequest
         latency_budget_ms=parsed.latency_budget_ms,
         options=parsed.options,
         id_given=parsed.id is not None,
+        format=_parse_format(parsed.format, parsed.id),
     )
 
 

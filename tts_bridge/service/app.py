@@ -19,7 +19,9 @@ from tts_bridge.mqtt.client import MqttConnection, OutgoingMessage
 from tts_bridge.mqtt.protocol import Topics
 from tts_bridge.service.api import BridgeApi
 from tts_bridge.service.bridge import OFFLINE, Bridge
+from tts_bridge.service.delivery import AudioDelivery
 from tts_bridge.service.hermes import HermesFrontEnd
+from tts_bridge.service.http import AudioServer
 from tts_bridge.service.journal import Journal, JournalError
 from tts_bridge.service.outbox import Connection, Outbox
 from tts_bridge.service.pipeline import Counters, Pipeline
@@ -154,10 +156,18 @@ class Service:
         return self.pipeline.idle
 
     def start(self) -> None:
+        """Start the pipeline, the servers (before the bridge, whose resumed requests may need
+        them), then the MQTT side. A server that cannot start (its port taken) is logged, and
+        the rest keeps serving without it."""
         self.pipeline.start()
-        self.bridge.start()
         for server in self.servers:
-            server.start()
+            try:
+                server.start()
+            except Exception as exc:
+                _LOGGER.error(
+                    "%s did not start; serving without it: %s", type(server).__name__, exc
+                )
+        self.bridge.start()
 
     def stop(self, timeout_s: float = 20.0) -> None:
         """Stop the servers, drain live work (bounded), say offline, close cache and journal."""
@@ -171,6 +181,18 @@ class Service:
         if self.bridge.journal is not None:
             self.bridge.journal.close()
         _LOGGER.info("Stopped")
+
+
+def build_audio_server(settings: Settings) -> AudioServer | None:
+    """The HTTP audio server when http.enabled (built, not yet listening); None, logged, when
+    its folder or key cannot be made (the MQTT side serves without URLs)."""
+    if not settings.http.enabled:
+        return None
+    try:
+        return AudioServer.from_settings(settings)
+    except OSError as exc:
+        _LOGGER.error("The HTTP audio server is off: %s", exc)
+        return None
 
 
 def build(
@@ -193,7 +215,8 @@ def build(
         will = OutgoingMessage(Topics(settings.mqtt.base_topic).state, OFFLINE, qos=1, retain=True)
         connection = MqttConnection(settings.mqtt, will)
     outbox = Outbox(settings, connection)
-    say = SayFrontEnd(settings, outbox, pipeline, journal)
+    audio_server = build_audio_server(settings)
+    say = SayFrontEnd(settings, outbox, pipeline, journal, AudioDelivery(settings, audio_server))
     hermes = HermesFrontEnd(settings, outbox, pipeline)
     bridge: Bridge | None = None
     reports = Reports(settings, outbox, pipeline, lambda: bridge.faults() if bridge else {})
@@ -212,6 +235,8 @@ def build(
     )
     # Front ends with their own listeners (Wyoming, HTTP) go here, built with the pipeline.
     servers: list[Server] = [WyomingServer(settings, pipeline)]
+    if audio_server is not None:
+        servers.append(audio_server)
     return Service(
         settings,
         pipeline=pipeline,

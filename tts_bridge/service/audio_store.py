@@ -152,6 +152,16 @@ class AudioStore:
             self.sweep()
         return path
 
+    def read(self, token: str, fmt: AudioFormat) -> bytes | None:
+        """The stored bytes of unexpired audio; None when there are none (expired, evicted)."""
+        stored = self.lookup(f"{token}.{fmt.extension}")
+        if stored is None:
+            return None
+        try:
+            return stored.path.read_bytes()
+        except OSError:
+            return None
+
     def lookup(self, name: str) -> StoredAudio | None:
         """The audio a request's last path segment names, or None: a name that is not exactly a
         token and a known extension, unknown audio, and expired audio all get None."""

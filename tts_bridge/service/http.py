@@ -198,6 +198,12 @@ class AudioServer:
     # -- publishing --------------------------------------------------------------------------
 
     @property
+    def bound(self) -> bool:
+        """True once the server has listened: its URLs then work, and keep working across a
+        restart (the store and its key outlive the process)."""
+        return self._port is not None
+
+    @property
     def port(self) -> int:
         return self._port if self._port is not None else self.settings.port
 
@@ -246,6 +252,10 @@ class AudioServer:
             expires_at=self._clock() + ttl,
             encoded=encoded,
         )
+
+    def read(self, published: PublishedAudio) -> bytes | None:
+        """The bytes behind a published URL (None if they went meanwhile)."""
+        return self.store.read(published.token, published.format)
 
 
 def _redact(path: str) -> str:

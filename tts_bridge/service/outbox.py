@@ -221,11 +221,12 @@ class Outbox:
         sample_rate: int,
         *,
         delivery: Delivery | None = None,
+        content_type: str = "audio/wav",
     ) -> bool:
-        """The answer on <base>/audio/<target>: one WAV, or (too big for the broker) one WAV per
-        sentence from `parts()` on the stream topic; True for the latter. Raises AudioTooLargeError
-        when even a sentence does not fit (then nothing was published). `delivery` collects the
-        broker's answers."""
+        """The answer on <base>/audio/<target>: one file (the WAV, or `wav` encoded as
+        `content_type`), or (too big for the broker) one WAV per sentence from `parts()` on the
+        stream topic; True for the latter. Raises AudioTooLargeError when even a sentence does
+        not fit (then nothing was published). `delivery` collects the broker's answers."""
         topic = self.topics.audio(target)
         limit = self._connection.max_payload(topic)
         if limit is None or len(wav) <= limit:
@@ -233,7 +234,7 @@ class Outbox:
                 OutgoingMessage(
                     topic,
                     wav,
-                    content_type="audio/wav",
+                    content_type=content_type,
                     user_properties=flags,
                     expiry_s=self._expiry,
                 ),
@@ -246,6 +247,21 @@ class Outbox:
         for part in sentences:
             self.stream_part(target, flags, part, sample_rate, delivery)
         return True
+
+    def audio_link(
+        self, target: str, body: bytes, flags: Flags, delivery: Delivery | None = None
+    ) -> None:
+        """A link to the answer's audio on <base>/audio/<target>, for devices that fetch it."""
+        self._connection.publish(
+            OutgoingMessage(
+                self.topics.audio(target),
+                body,
+                content_type="application/json",
+                user_properties=flags,
+                expiry_s=self._expiry,
+            ),
+            on_result=_tracked(delivery),
+        )
 
     def stream_part(
         self,
@@ -283,8 +299,10 @@ class Outbox:
         flags: Flags,
         reply: ReplyTo,
         delivery: Delivery | None = None,
+        *,
+        content_type: str = "audio/wav",
     ) -> None:
-        """The WAV on the request's MQTT 5 response topic, if it fits (else a warning)."""
+        """The audio on the request's MQTT 5 response topic, if it fits (else a warning)."""
         topic = self._reply_topic(reply)
         if topic is None:
             return
@@ -296,7 +314,7 @@ class Outbox:
             OutgoingMessage(
                 topic,
                 wav,
-                content_type="audio/wav",
+                content_type=content_type,
                 correlation_data=reply.correlation_data,
                 user_properties=flags,
                 expiry_s=self._expiry,

@@ -27,6 +27,7 @@ from tts_bridge.mqtt.protocol import (
     ok_response,
     parse_say,
 )
+from tts_bridge.service.delivery import AudioDelivery, Delivered, DeliveryError, link_message
 from tts_bridge.service.frontend import MqttFrontEnd, shared
 from tts_bridge.service.journal import (
     AcceptStatus,
@@ -56,12 +57,20 @@ class _Closing:
 
 class SayFrontEnd(MqttFrontEnd):
     def __init__(
-        self, settings: Settings, outbox: Outbox, pipeline: Pipeline, journal: Journal | None
+        self,
+        settings: Settings,
+        outbox: Outbox,
+        pipeline: Pipeline,
+        journal: Journal | None,
+        audio_delivery: AudioDelivery | None = None,
     ) -> None:
         self._settings = settings
         self._outbox = outbox
         self._pipeline = pipeline
         self._journal = journal
+        self._delivery = (
+            audio_delivery if audio_delivery is not None else AudioDelivery(settings, None)
+        )
         self.topics = outbox.topics
         self.refused_deliveries = 0
         """Answers turned into not_authorized because the broker refused their audio."""
@@ -230,39 +239,43 @@ class SayFrontEnd(MqttFrontEnd):
             return
         flags[1] = ("tier", rendering.tier)  # the other tier's, if it answered instead
         flags.append(("cached", "true" if rendering.cached else "false"))
+        how = self._delivery.for_target(request.target, request.format)
+        delivered: Delivered | None = None
+        audio, content_type = rendering.wav, "audio/wav"
         chunked = False
-        if not request.stream:
-            try:
+        try:
+            if how.topic_needs_delivery:  # the topic waits for the encoding or the URL
+                delivered = self._delivery.deliver(how, rendering)
+                if delivered.data is not None and delivered.format is not None:
+                    audio, content_type = delivered.data, delivered.format.content_type
+                    flags.append(("format", delivered.format.container))
+            if how.payload == "url":  # streamed or not: the device fetches the whole answer
+                assert delivered is not None and delivered.published is not None
+                link = link_message(request.id, delivered.published)
+                link_flags = [*flags, ("format", delivered.published.format.container)]
+                self._outbox.audio_link(request.target, link, link_flags, delivery)
+            elif not request.stream:
                 chunked = self._outbox.audio(
                     request.target,
-                    rendering.wav,
+                    audio,
                     flags,
                     lambda: self._pipeline.sentence_parts(pieces, rendering.sample_rate),
                     rendering.sample_rate,
                     delivery=delivery,
+                    content_type=content_type,
                 )
-            except AudioTooLargeError as exc:
-                self._refuse(
-                    request.id, "audio_too_large", str(exc), reply, request.target, closing
-                )
-                return
-        self._outbox.reply_audio(request.id, rendering.wav, flags, reply, delivery)
-        refused = delivery.wait()
-        if refused:
-            self.refused_deliveries += 1
-            first = refused[0]
-            _LOGGER.error(
-                "Request %s: the broker refused its audio on %s (%s, reason code %d)",
-                request.id,
-                first.topic,
-                first.reason,
-                first.reason_code,
-            )
-            message = (
-                f"the broker refused the audio on {first.topic}: {first.reason} (reason code "
-                f"{first.reason_code}); the broker's ACL must let the bridge publish there"
-            )
-            self._refuse(request.id, "not_authorized", message, reply, request.target, closing)
+            if delivered is None:  # WAV on the topic first; the answer's URL after it
+                delivered = self._delivery.deliver(how, rendering)
+        except DeliveryError as exc:
+            self._refuse(request.id, exc.code, str(exc), reply, request.target, closing)
+            return
+        except AudioTooLargeError as exc:
+            self._refuse(request.id, "audio_too_large", str(exc), reply, request.target, closing)
+            return
+        self._outbox.reply_audio(
+            request.id, audio, flags, reply, delivery, content_type=content_type
+        )
+        if self._refused_by_broker(request, delivery, reply, closing):
             return
         latency_ms = round((time.monotonic() - job.received) * 1000, 1)
         data = {
@@ -277,7 +290,9 @@ class SayFrontEnd(MqttFrontEnd):
             "cached_sentences": rendering.cached_sentences,
             "duration_ms": rendering.duration_ms,
             "latency_ms": latency_ms,
-            "bytes": len(rendering.wav),
+            # What the target got: the audio, or behind its link the audio at the URL.
+            "bytes": len(audio) if how.payload == "audio" else delivered.size,
+            **delivered.answer_fields(),
         }
         if rendering.sentence_voices:  # a Chinese sentence went to a voice that speaks it
             data["sentence_voices"] = list(rendering.sentence_voices)
@@ -297,6 +312,30 @@ class SayFrontEnd(MqttFrontEnd):
             rendering.sentences,
             latency_ms,
         )
+
+    def _refused_by_broker(
+        self, request: SayRequest, delivery: Delivery, reply: ReplyTo, closing: _Closing
+    ) -> bool:
+        """Wait for the broker's answers to the audio; a refusal turns the answer into
+        not_authorized (True: answered)."""
+        refused = delivery.wait()
+        if not refused:
+            return False
+        self.refused_deliveries += 1
+        first = refused[0]
+        _LOGGER.error(
+            "Request %s: the broker refused its audio on %s (%s, reason code %d)",
+            request.id,
+            first.topic,
+            first.reason,
+            first.reason_code,
+        )
+        message = (
+            f"the broker refused the audio on {first.topic}: {first.reason} (reason code "
+            f"{first.reason_code}); the broker's ACL must let the bridge publish there"
+        )
+        self._refuse(request.id, "not_authorized", message, reply, request.target, closing)
+        return True
 
     def _refuse(  # noqa: PLR0917  (the outbox's refusal and the request it closes)
         self,

@@ -116,6 +116,8 @@ class Rendering:
     sentence_voices: tuple[str, ...] = ()
     """The voice of each sentence, when some were spoken by another voice than `voice` (a
     Chinese sentence in an English voice's request); empty when `voice` spoke them all."""
+    pcm: audio.Int16Audio = field(default_factory=lambda: audio.silence(1, 0), repr=False)
+    """The samples of `wav` (what other formats are encoded from)."""
 
     @property
     def cached(self) -> bool:
@@ -508,6 +510,7 @@ class Synthesizer:
             cached_sentences=cached,
             synth_seconds=time.perf_counter() - started,
             sentence_voices=tuple((o or voice).name for o in plan.others),
+            pcm=pcm,
         )
 
     def _sentence_by(
