@@ -19,6 +19,7 @@ import pytest
 
 from tts_bridge.bench import chattts as bench_chattts
 from tts_bridge.bench import onnx_backends as bench_onnx
+from tts_bridge.bench.bandwidth import memory_bandwidth, step_floors
 from tts_bridge.bench.chattts import (
     CASES,
     NOTE,
@@ -130,7 +131,12 @@ def test_combined_bench_on_the_tiny_checkpoint(
     assert sizes["onnx-int8"]["gpt_mb"] < sizes["onnx-fp32"]["gpt_mb"]
 
     targets = report["targets"]
-    assert len(targets) == 6  # tokens/s, RTF, batch gain, peak RSS at batch 1 and 4, first audio
+    # tokens/s, RTF, batch gain, peak RSS at batch 1 and 4, the floor, first audio
+    assert len(targets) == 7
+    floors = {(f["case"], f["batch"]): f for f in report["floors"]}
+    assert set(floors) == {(c, b) for c in ONNX_CASES for b in batches}
+    assert all(f["x floor"] > 0 and f["floor ms"] > 0 for f in floors.values())
+    assert "memory bandwidth at start" in printed
     assert all(t["result"] in ("PASS", "MISS") for t in targets)
     assert all(t["target"] in printed and t["figure"] in printed for t in targets)
 
@@ -158,25 +164,51 @@ def test_rounds_keep_the_best_speed_and_the_highest_memory() -> None:
 
 def test_targets_say_pass_miss_or_not_measured() -> None:
     rows = [
-        _row("onnx-int8", 1, tokens_per_s=85.0, rtf=0.7, first_audio_ms=450.0),
+        _row("onnx-int8", 1, tokens_per_s=85.0, rtf=0.7, first_audio_ms=450.0, peak_rss_mb=440.0),
         _row("onnx-int8", 4, tokens_per_s=200.0, rtf=0.3, peak_rss_mb=650.0),
     ]
+    floors = [{"case": "onnx-int8", "batch": 1, "x floor": 1.3}]
 
-    results = {t["target"]: t["result"] for t in evaluate_targets(rows)}
+    results = {t["target"]: t["result"] for t in evaluate_targets(rows, floors)}
 
     assert results == {
         "ONNX INT8 batch 1 >= 80 tokens/s": "PASS",
         "ONNX INT8 batch 1 RTF <= 0.65 end to end": "MISS",
         "ONNX INT8 batch 4 aggregate >= 2.5x batch 1": "MISS",
-        "ONNX INT8 torch-free process peak RSS <= 600 MB (batch 1)": "PASS",
+        "ONNX INT8 torch-free process peak RSS <= 450 MB (batch 1)": "PASS",
         "ONNX INT8 torch-free process peak RSS <= 600 MB (batch 4)": "MISS",
-        "ONNX INT8 first streamed audio <= 600 ms": "PASS",
+        "ONNX INT8 batch 1 GPT step <= 1.4x the bandwidth floor": "PASS",
+        "ONNX INT8 first streamed audio <= 400 ms": "MISS",
     }
     # A process that imported torch does not meet the torch-free target, whatever its size.
     rows[0]["torch_imported"] = True
     results = {t["target"]: t["result"] for t in evaluate_targets(rows)}
-    assert results["ONNX INT8 torch-free process peak RSS <= 600 MB (batch 1)"] == "MISS"
+    assert results["ONNX INT8 torch-free process peak RSS <= 450 MB (batch 1)"] == "MISS"
+    assert results["ONNX INT8 batch 1 GPT step <= 1.4x the bandwidth floor"] == "n/a"
     assert {t["result"] for t in evaluate_targets([])} == {"n/a"}
+
+
+def test_step_floor_is_the_weights_over_the_bandwidth() -> None:
+    rows = [
+        _row("onnx-int8", 1, gpt_ms_per_step=12.0, kv_mb_per_step_mean=3.0),
+        _row("onnx-fp32", 4, gpt_ms_per_step=30.0),
+        _row("torch-fp32", 1, gpt_ms_per_step=50.0),  # no graph: no floor
+    ]
+    weights = {"onnx-int8": 200_000_000, "onnx-fp32": 800_000_000}
+
+    floors = step_floors(rows, weights, gb_per_s=40.0)
+
+    assert [(f["case"], f["batch"]) for f in floors] == [("onnx-int8", 1), ("onnx-fp32", 4)]
+    assert floors[0]["floor ms"] == 5.0 and floors[0]["x floor"] == 2.4
+    assert floors[0]["weights MB/step"] == 200.0 and floors[0]["KV MB/step (mean)"] == 3.0
+    assert floors[1]["floor ms"] == 20.0 and floors[1]["x floor"] == 1.5
+
+
+def test_memory_bandwidth_is_measured_with_the_given_threads() -> None:
+    measured = memory_bandwidth(2, buffer_bytes=8 * 1024 * 1024, repeats=2)
+
+    assert measured["gb_per_s"] > 0 and measured["threads"] == 2
+    assert measured["buffer_mb"] == 8
 
 
 @needs_chattts

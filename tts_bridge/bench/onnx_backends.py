@@ -109,6 +109,7 @@ def measure_onnx(spec: dict[str, Any]) -> dict[str, Any]:
         first_audio=first_audio,
         extra={
             "gpt_ms_per_step": round(1000 * times.gpt / times.steps, 2),
+            "kv_mb_per_step_mean": round(kv_bytes_per_step(model, prompt, tokens) / 1e6, 1),
             "sampling_ms_per_step": round(1000 * times.sampling / times.steps, 2),
             "spinning": bool(spec.get("spinning", True)),
             "samples_per_text": int(audio[0].size),
@@ -116,6 +117,13 @@ def measure_onnx(spec: dict[str, Any]) -> dict[str, Any]:
             "rss_in_use_mb": round(rss_in_use, 1),
         },
     )
+
+
+def kv_bytes_per_step(model: Any, prompt: Any, tokens: int) -> float:
+    """The KV cache a step reads, averaged over a generation of ``tokens`` codes (FP32)."""
+    batch, prompt_len = prompt.input_ids.shape
+    per_position = 2 * model.num_layers * model.num_heads * model.head_dim * 4 * batch
+    return float(per_position * (prompt_len + (tokens - 1) / 2))
 
 
 @contextlib.contextmanager
