@@ -103,7 +103,7 @@ def test_combined_bench_on_the_tiny_checkpoint(
     printed = capsys.readouterr().out
     assert not report["checkpoint"]["built"]  # the checkpoint in OUT/checkpoint is used as is
     manifest = json.loads((tmp_path / "onnx" / "manifest.json").read_text(encoding="utf-8"))
-    assert set(manifest["variants"]) == {"fp32", "int8"}  # exported and quantized once
+    assert set(manifest["variants"]) == {"fp32", "int8", "int4"}  # exported and quantized once
     assert json.loads((tmp_path / "results.json").read_text(encoding="utf-8")) == report
     assert f"{TOKENS} tokens per text" in printed
     assert "random weights: speed and memory are real, sound is not" in printed
@@ -137,6 +137,16 @@ def test_combined_bench_on_the_tiny_checkpoint(
     assert set(floors) == {(c, b) for c in ONNX_CASES for b in batches}
     assert all(f["x floor"] > 0 and f["floor ms"] > 0 for f in floors.values())
     assert "memory bandwidth at start" in printed
+    # The quantized GPTs' logits are compared with FP32's, and the first audio is broken down.
+    fidelity = {f["case"]: f for f in report["fidelity"]}
+    assert set(fidelity) == {"onnx-int8", "onnx-int4"}
+    assert all(0 < f["top1_agreement"] <= 1 for f in fidelity.values())
+    assert fidelity["onnx-int8"]["max_abs_logit_diff"] > 0
+    for row in rows:
+        if row["case"] in ONNX_CASES and "first_audio_ms" in row:
+            parts = row["first_audio_parts"]
+            assert parts["prefill_ms"] > 0 and 1 <= parts["codes"] <= FIRST_AUDIO_CODES
+            assert parts["prefill_ms"] + parts["codes_ms"] <= row["first_audio_ms"]
     assert all(t["result"] in ("PASS", "MISS") for t in targets)
     assert all(t["target"] in printed and t["figure"] in printed for t in targets)
 

@@ -44,7 +44,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -75,6 +75,9 @@ from tts_bridge.engines.chattts.torch_engine import (
 )
 from tts_bridge.manifests import add_model, expected_hashes
 
+if TYPE_CHECKING:
+    from tts_bridge.engines.chattts.onnx_format import Precision
+
 _LOGGER = logging.getLogger(__name__)
 
 NOTE = "full-size architecture, random weights: speed and memory are real, sound is not"
@@ -89,7 +92,9 @@ LLAMA_VOCAB_SIZE = 32000
 """The official gpt/config.json keeps LlamaConfig's default; ChatTTS deletes that embedding."""
 PRECISIONS = ("fp32", "int8")
 TORCH_CASES = ("torch-fp32", "torch-int8")
-ONNX_CASES = ("onnx-fp32", "onnx-int8")
+ONNX_CASES = ("onnx-fp32", "onnx-int8", "onnx-int4")
+QUANTIZED_CASES = ("onnx-int8", "onnx-int4")
+"""Their GPT logits are compared with FP32's (top-1 agreement) in a child of their own."""
 CASES = (*TORCH_CASES, *ONNX_CASES)
 WARMUP_TOKENS = 4
 CHILD_TIMEOUT_S = 3600
@@ -612,6 +617,11 @@ def combine_rounds(runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                 if values:
                     row[key] = pick(values)
         row["torch_imported"] = any(r["torch_imported"] for r in group)
+        timed = [r for r in group if r.get("first_audio_parts")]
+        if timed:  # the parts of the fastest first audio, the one shown
+            row["first_audio_parts"] = min(timed, key=lambda r: r["first_audio_ms"])[
+                "first_audio_parts"
+            ]
         rows.append(row)
     return rows
 
@@ -696,7 +706,7 @@ def file_sizes(checkpoint: Path, export: Path, cases: Sequence[str]) -> list[dic
             )
 
             precision = case.removeprefix("onnx-")
-            engine = ChatTTSOnnxEngine(export, precision="int8" if precision == "int8" else "fp32")
+            engine = ChatTTSOnnxEngine(export, precision=_precision(case))
             files = [export / rel for rel in engine.files()]
             graph = export / precision_files(read_manifest(export), precision)["gpt"]
             gpt = [graph, external_data_path(graph)]
@@ -713,6 +723,32 @@ def file_sizes(checkpoint: Path, export: Path, cases: Sequence[str]) -> list[dic
             }
         )
     return rows
+
+
+def measure_fidelity(
+    export: Path, cases: Sequence[str], threads: int, tokens: int
+) -> list[dict[str, Any]]:
+    """Each quantized case's GPT logits against FP32's, in a child process per case."""
+    return [
+        run_child(
+            "tts_bridge.bench.onnx_backends",
+            ["--fidelity", json.dumps(spec)],
+            timeout=CHILD_TIMEOUT_S,
+        )
+        for spec in (
+            {"export": str(export), "precision": case.removeprefix("onnx-")}
+            | {"threads": threads, "tokens": tokens}
+            for case in cases
+            if case in QUANTIZED_CASES
+        )
+    ]
+
+
+def _precision(case: str) -> Precision:
+    precision = case.removeprefix("onnx-")
+    if precision not in ("fp32", "int8", "int4"):
+        raise ValueError(f"not an ONNX case: {case}")
+    return cast("Precision", precision)
 
 
 def _onnx_ready(export: Path, cases: Sequence[str]) -> bool:
@@ -778,8 +814,10 @@ def run_chattts_bench(
     report["checkpoint"]["dims"] = asdict(dims)
     if any(case in ONNX_CASES for case in cases) and not _onnx_ready(export, cases):
         print(f"exporting to ONNX and quantizing in {export} ...", file=sys.stderr)
-        args = ["export", str(checkpoint), str(export)]
-        report["export"] = run_child(__name__, args, timeout=CHILD_TIMEOUT_S)
+        int4 = "int4" if "onnx-int4" in cases else "no-int4"
+        report["export"] = run_child(
+            __name__, ["export", str(checkpoint), str(export), int4], timeout=CHILD_TIMEOUT_S
+        )
 
     runs: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="tts-chattts-bench-") as models_dir:
@@ -811,6 +849,7 @@ def run_chattts_bench(
                             timeout=CHILD_TIMEOUT_S,
                         )
                     runs.append({**row, "round": round_})
+    report["fidelity"] = measure_fidelity(export, cases, threads, tokens)
     rows = combine_rounds(runs)
     sections = report["checkpoint"]["official_sections"]
     full_size = len(sections) == 5
@@ -874,6 +913,29 @@ def format_report(report: dict[str, Any]) -> str:
     ]
     if report["floors"]:
         lines.append(_table(report["floors"], list(report["floors"][0])))
+    parts = [
+        {"case": r["case"], "first audio ms": r["first_audio_ms"], **r["first_audio_parts"]}
+        for r in report["results"]
+        if r.get("first_audio_parts")
+    ]
+    if parts:
+        lines += [
+            "",
+            "first streamed audio, where its time went: the prefill step, the codes made before "
+            "the first piece is final (GPT steps after the prefill + sampling), the rest (text, "
+            "prompt, the first piece's decode):",
+            _table(parts, list(parts[0])),
+        ]
+    if report["fidelity"]:
+        lines += [
+            "",
+            "GPT logits against FP32, teacher-forced on FP32's greedy codes (random weights: "
+            "an indicator only):",
+            _table(
+                report["fidelity"],
+                ["case", "tokens", "top1_agreement", "max_abs_logit_diff"],
+            ),
+        ]
     full_size = report["note"] == NOTE
     lines += ["", "targets" + (":" if full_size else ", set for the full-size model:")]
     lines.append(_table(report["targets"], ["target", "figure", "result"]))
@@ -901,9 +963,9 @@ def _child_main(argv: list[str]) -> int:
             write_random_checkpoint(checkpoint, hidden_size=int(argv[2]), num_layers=int(argv[3]))
             result = {"built": True, "build_s": round(time.perf_counter() - started, 1)}
         result["official_sections"] = official_sections(checkpoint)
-    elif argv[:1] == ["export"] and len(argv) == 3:
+    elif argv[:1] == ["export"] and len(argv) == 4:
         from tts_bridge.engines.chattts.onnx_format import MANIFEST_FILE, read_manifest
-        from tts_bridge.engines.chattts.quantize import quantize_onnx
+        from tts_bridge.engines.chattts.quantize import quantize_int4, quantize_onnx
 
         checkpoint, export = Path(argv[1]), Path(argv[2])
         started = time.perf_counter()
@@ -914,6 +976,8 @@ def _child_main(argv: list[str]) -> int:
         exported = time.perf_counter()
         if "int8" not in read_manifest(export)["variants"]:
             quantize_onnx(export)
+        if argv[3] == "int4" and "int4" not in read_manifest(export)["variants"]:
+            quantize_int4(export)
         result = {
             "export_s": round(exported - started, 1),
             "quantize_s": round(time.perf_counter() - exported, 1),
@@ -923,7 +987,7 @@ def _child_main(argv: list[str]) -> int:
     else:
         print(
             "usage: python -m tts_bridge.bench.chattts checkpoint DEST HIDDEN LAYERS\n"
-            "       python -m tts_bridge.bench.chattts export CHECKPOINT DEST\n"
+            "       python -m tts_bridge.bench.chattts export CHECKPOINT DEST int4|no-int4\n"
             "       python -m tts_bridge.bench.chattts measure SPEC_JSON",
             file=sys.stderr,
         )

@@ -25,7 +25,7 @@ import sys
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tts_bridge.bench.chattts import (
     BENCH_TEXTS,
@@ -37,12 +37,16 @@ from tts_bridge.bench.chattts import (
 )
 from tts_bridge.bench.util import patched, rss_mb, time_first_chunk
 
+if TYPE_CHECKING:
+    from tts_bridge.engines.chattts.onnx_format import Precision
+
 
 def measure_onnx(spec: dict[str, Any]) -> dict[str, Any]:
-    """ONNX FP32 or INT8: load through ChatTTSOnnxEngine, time the loop, decoding, first audio."""
-    precision = spec["case"].removeprefix("onnx-")
+    """ONNX FP32, INT8 or INT4: load through ChatTTSOnnxEngine, time the loop, decoding, first
+    audio."""
     if spec["case"] not in ONNX_CASES:
         raise ValueError(f"not an ONNX case: {spec['case']}")
+    precision: Precision = spec["case"].removeprefix("onnx-")
     batch, tokens = int(spec["batch"]), int(spec["tokens"])
     loadavg_start = os.getloadavg()[0]
     started = time.perf_counter()
@@ -55,7 +59,7 @@ def measure_onnx(spec: dict[str, Any]) -> dict[str, Any]:
 
     engine = ChatTTSOnnxEngine(
         Path(spec["export"]),
-        precision="int8" if precision == "int8" else "fp32",
+        precision=precision,
         threads=int(spec["threads"]),
         spinning=bool(spec.get("spinning", True)),
     )
@@ -91,13 +95,21 @@ def measure_onnx(spec: dict[str, Any]) -> dict[str, Any]:
     decode_s = time.perf_counter() - started
     rss_in_use = rss_mb()
     first_audio = None
+    at_first: dict[str, float] = {}
     codes = int(spec["first_audio_codes"])
     if codes:
         with onnx_fixed_codes(codes):
             # What a "stream": true request gets: audio while the codes are generated.
             first_audio = time_first_chunk(
-                lambda: engine.synthesize_stream(FIRST_AUDIO_TEXT, None, ChatTTSOptions())
+                lambda: times_at_first_chunk(
+                    engine.synthesize_stream(FIRST_AUDIO_TEXT, None, ChatTTSOptions()),
+                    model,
+                    at_first,
+                )
             )
+        at_first["rest_ms"] = round(
+            first_audio["first_ms"] - at_first["prefill_ms"] - at_first["codes_ms"], 1
+        )
     return result_row(
         spec,
         started_load=loadavg_start,
@@ -115,8 +127,74 @@ def measure_onnx(spec: dict[str, Any]) -> dict[str, Any]:
             "samples_per_text": int(audio[0].size),
             "rss_loaded_mb": round(rss_loaded, 1),
             "rss_in_use_mb": round(rss_in_use, 1),
+            **({"first_audio_parts": at_first} if at_first else {}),
         },
     )
+
+
+FIDELITY_TEXT = BENCH_TEXTS[1]
+
+
+def measure_fidelity(spec: dict[str, Any]) -> dict[str, Any]:
+    """How often a quantized GPT's logits pick FP32's code, teacher-forced on FP32's codes.
+
+    Both GPT graphs run the same inputs step by step: the prompt, then at every step the codes
+    FP32 picks greedily (EOS blocked), so one early difference does not send the two down
+    different paths. Per step and codebook: top-1 agreement, and the largest logit difference.
+    On random weights this is an indicator only (real logits are more peaked).
+    """
+    import numpy as np
+
+    from tts_bridge.engines.chattts.onnx_format import precision_files, read_manifest
+    from tts_bridge.engines.chattts.onnx_model import ChatTTSOnnxModel, code_prompt
+
+    export, precision = Path(spec["export"]), str(spec["precision"])
+    manifest = read_manifest(export)
+    threads = int(spec["threads"])
+    reference = ChatTTSOnnxModel(export, precision_files(manifest, "fp32"), threads=threads)
+    tested = ChatTTSOnnxModel(export, precision_files(manifest, precision), threads=threads)
+    prompt = reference.encode(
+        [code_prompt(reference.cleaner(FIDELITY_TEXT), SPEED_LEVEL, True)], None
+    )
+    mask = prompt.attention_mask
+    positions = np.cumsum(mask, axis=1) - 1
+    embeds = prompt.embeds
+    caches = reference.new_cache(1), tested.new_cache(1)
+    agree, total, worst = 0, 0, 0.0
+    for _ in range(int(spec["tokens"])):
+        want, _hidden = reference.step(embeds, mask, positions, caches[0])
+        got, _hidden = tested.step(embeds, mask, positions, caches[1])
+        want, got = want[0, :, : reference.eos], got[0, :, : reference.eos]  # EOS blocked
+        agree += int((want.argmax(axis=-1) == got.argmax(axis=-1)).sum())
+        total += want.shape[0]
+        worst = max(worst, float(np.abs(want - got).max()))
+        codes = want.argmax(axis=-1)[None, :]
+        embeds = reference.embed_codes(codes)[:, None, :]
+        mask = np.concatenate([mask, np.ones((1, 1), dtype=np.int64)], axis=1)
+        positions = mask.sum(axis=1, keepdims=True) - 1
+    return {
+        "case": f"onnx-{precision}",
+        "tokens": int(spec["tokens"]),
+        "top1_agreement": round(agree / total, 4),
+        "max_abs_logit_diff": round(worst, 4),
+    }
+
+
+def times_at_first_chunk(
+    chunks: Iterator[Any], model: Any, into: dict[str, float]
+) -> Iterator[Any]:
+    """Pass ``chunks`` through; at the first audio, note where its time went into ``into``:
+    the prefill step, the codes made so far (GPT steps after the prefill, and sampling), the
+    rest (text preparation, the prompt, the first piece's decode) is ``first_ms`` less these."""
+    for chunk in chunks:
+        if len(chunk) and not into:
+            times = model.times  # live: the engine's generation in progress
+            into.update(
+                prefill_ms=round(1000 * times.prefill, 1),
+                codes=times.steps,
+                codes_ms=round(1000 * (times.gpt - times.prefill + times.sampling), 1),
+            )
+        yield chunk
 
 
 def kv_bytes_per_step(model: Any, prompt: Any, tokens: int) -> float:
@@ -152,6 +230,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args[:1] == ["--child"] and len(args) == 2:
         logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
         print(json.dumps(measure_onnx(json.loads(args[1]))))
+        return 0
+    if args[:1] == ["--fidelity"] and len(args) == 2:
+        logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+        print(json.dumps(measure_fidelity(json.loads(args[1]))))
         return 0
     parser = argparse.ArgumentParser(
         prog="python -m tts_bridge.bench.onnx_backends",

@@ -57,6 +57,9 @@ PARITY_STEPS = 40
 # measure about 0.006 on this model where they are used (QInt8 only with VNNI); the u8 x s8
 # saturation QInt8 suffers without VNNI shows up as errors near 0.4.
 INT8_LOGIT_REL_TOLERANCE = 0.05
+INT4_LOGIT_REL_TOLERANCE = 0.25
+"""4-bit blocks lose far more than INT8; this only catches a broken graph (wrong layout or
+scales give errors of order 1), the bench measures the real agreement."""
 
 pytestmark = NEEDS_CHATTTS_ONNX
 
@@ -366,6 +369,38 @@ def test_int8_engine_speaks_finite_audio_of_the_right_length(export: Path) -> No
     again = list(engine.synthesize("The front door is open.", None, options))
     assert np.array_equal(again[0], audio)
     engine.unload()
+
+
+def test_int4_variant_is_optional_close_to_fp32_and_speaks(export: Path, tmp_path: Path) -> None:
+    from tts_bridge.engines.chattts.quantize import quantize_int4
+
+    assert "int4" not in read_manifest(export)["variants"]  # never made by default
+    copy = tmp_path / "export"
+    shutil.copytree(export, copy)
+    written = quantize_int4(copy, block_size=16)
+    manifest = read_manifest(copy)
+    assert manifest["variants"]["int4"]["gpt"] == "gpt.int4.onnx"
+    assert "int8" in manifest["variants"]  # the other variants are kept
+    assert manifest["int4_quantization"]["block_size"] == 16
+    assert {p.name for p in written} >= {"gpt.int4.onnx", "gpt.int4.onnx.data"}
+    import onnx
+
+    graph = onnx.load(copy / "gpt.int4.onnx", load_external_data=False)
+    assert any(node.op_type == "MatMulNBits" for node in graph.graph.node)
+
+    speaker = _speaker(copy)
+    fp32 = _forced_logits(_model(copy, "fp32"), speaker)
+    int4 = _forced_logits(_model(copy, "int4"), speaker)
+    relative = np.linalg.norm(int4 - fp32) / np.linalg.norm(fp32)
+    assert 0 < relative < INT4_LOGIT_REL_TOLERANCE, relative
+
+    engine = ChatTTSOnnxEngine(copy, precision="int4", threads=THREADS)
+    assert ":int4:" in engine.identity
+    (audio,) = engine.synthesize("The front door is open.", None, ChatTTSOptions(seed=5))
+    assert np.isfinite(audio).all() and audio.size > 0
+    engine.unload()
+    with pytest.raises(EngineError, match="block size"):
+        quantize_int4(copy, block_size=48)
 
 
 # -- the engine ---------------------------------------------------------------------------------

@@ -79,7 +79,7 @@ COMMON_FILES = (
 )
 """Files every precision uses; the graphs per precision are listed in the manifest."""
 
-Precision = Literal["fp32", "int8"]
+Precision = Literal["fp32", "int8", "int4"]
 GRAPHS = ("gpt", "decoder", "vocos")
 STREAM_GRAPHS = ("decoder_stream", "vocos_stream")
 """Optional roles (exports before them stream with ``StreamingDecoder``'s windows). When an
@@ -144,7 +144,7 @@ def precision_files(manifest: Mapping[str, Any], precision: str) -> dict[str, st
     variants: Mapping[str, Any] = manifest["variants"]
     graphs = variants.get(precision)
     if not isinstance(graphs, dict) or not set(GRAPHS) <= set(graphs):
-        hint = " (run: tts-bridge models quantize)" if precision == "int8" else ""
+        hint = " (run: tts-bridge models quantize)" if precision in ("int8", "int4") else ""
         raise EngineError(f"this export has no {precision} variant{hint}")
     roles = GRAPHS + STREAM_GRAPHS if set(STREAM_GRAPHS) <= set(graphs) else GRAPHS
     return {role: str(graphs[role]) for role in roles}

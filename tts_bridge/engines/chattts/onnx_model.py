@@ -310,6 +310,8 @@ class StepTimes:
     gpt: float = 0.0
     sampling: float = 0.0
     steps: int = 0
+    prefill: float = 0.0
+    """The first step's GPT time (the whole prompt at once), also counted in ``gpt``."""
 
 
 def session_options(threads: int, *, arena: bool = True, spinning: bool = True) -> Any:
@@ -525,6 +527,8 @@ class ChatTTSOnnxModel:
             lengths += ~finished
             finished |= lengths >= row_budget
             times.gpt += between - started
+            if step == 0:
+                times.prefill = between - started
             times.sampling += time.perf_counter() - between
             times.steps += 1
             yield lengths.copy(), hiddens

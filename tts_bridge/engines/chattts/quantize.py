@@ -19,6 +19,15 @@ tts_bridge.bench.onnx_backends``; the figures are in the README):
 * **The decoder and Vocos stay FP32.** They are a small part of a token's time; INT8 saved
   little of it and put its error straight into the waveform.
 * **MatMul only.** onnxruntime's dynamic ConvInteger path is slower than its FP32 convolutions.
+
+``quantize_int4`` adds an optional ``int4`` variant for boards short of memory: the GPT's MatMul
+weights as 4-bit blocks (onnxruntime's ``MatMulNBits``, symmetric), the rest as in FP32. It is
+never made by default: on random weights its logits pick FP32's top code far less often than
+INT8's (the bench reports the agreement), and only real weights can say whether it sounds right.
+
+* **Block 128, accuracy level 4.** Level 4 multiplies with int8 activations (the VNNI path);
+  without it the 4-bit graph was slower than INT8. Block 32 reads 18 % more bytes (more scales)
+  and was slower than 128 in the same run.
 """
 
 from __future__ import annotations
@@ -127,6 +136,75 @@ def quantize_onnx(dest: Path, settings: QuantizeSettings | None = None) -> list[
         "per_channel": settings.per_channel,
         "reduce_range": settings.reduce_range,
         "graphs": list(settings.graphs),
+    }
+    written.append(write_manifest(dest, files, variants=variants, extra=extra))
+    return written
+
+
+INT4_BLOCK_SIZE = 128
+INT4_ACCURACY_LEVEL = 4
+"""onnxruntime's ``accuracy_level``: 4 = int8 activations ("compute type int8")."""
+
+
+def int4_name(fp32_name: str) -> str:
+    """'gpt.onnx' -> 'gpt.int4.onnx'."""
+    return f"{fp32_name.removesuffix('.onnx')}.int4.onnx"
+
+
+def quantize_int4(
+    dest: Path,
+    *,
+    block_size: int = INT4_BLOCK_SIZE,
+    accuracy_level: int = INT4_ACCURACY_LEVEL,
+) -> list[Path]:
+    """Write ``gpt.int4.onnx`` (4-bit MatMul weights) next to the export; add the ``int4``
+    variant to the manifest. Returns the files written, the manifest last. Needs ``onnx`` and
+    ``onnx_ir`` (onnxruntime's 4-bit quantizer uses both), not torch."""
+    import onnx
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    if block_size < 16 or block_size & (block_size - 1):
+        raise EngineError(f"int4 block size must be a power of two >= 16, not {block_size}")
+    manifest = read_manifest(dest)
+    fp32 = precision_files(manifest, "fp32")
+    source = dest / fp32["gpt"]
+    target = dest / int4_name(fp32["gpt"])
+    quantizer = MatMulNBitsQuantizer(
+        onnx.load(source),
+        block_size=block_size,
+        is_symmetric=True,
+        accuracy_level=accuracy_level,
+    )
+    quantizer.process()
+    data = external_data_path(target)
+    data.unlink(missing_ok=True)  # onnx appends to an existing data file
+    onnx.save_model(
+        quantizer.model.model,
+        target,
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location=data.name,
+        size_threshold=1024,
+    )
+    _LOGGER.info(
+        "Quantized %s -> %s (4-bit blocks of %d, accuracy level %d, %.1f -> %.1f MB)",
+        source.name,
+        target.name,
+        block_size,
+        accuracy_level,
+        _size(source) / 1e6,
+        _size(target) / 1e6,
+    )
+    written = [target, data]
+    files = _all_files(manifest, [p.name for p in written])
+    variants = {**manifest["variants"], "int4": {**fp32, "gpt": target.name}}
+    extra = {k: v for k, v in manifest.items() if k not in ("files", "variants")}
+    extra["int4_quantization"] = {
+        "method": "onnxruntime.quantization.matmul_nbits_quantizer (MatMulNBits)",
+        "block_size": block_size,
+        "accuracy_level": accuracy_level,
+        "symmetric": True,
+        "graphs": ["gpt"],
     }
     written.append(write_manifest(dest, files, variants=variants, extra=extra))
     return written
