@@ -236,17 +236,21 @@ def test_rounds_are_interleaved(
             return {"built": False, "official_sections": []}
         spec = json.loads(args[1])
         calls.append((spec["case"], spec["batch"]))
+        assert spec["spinning"] is False  # the bench's choice reaches every child
         figures = {"tokens_per_s": 1.0, "loadavg_start": 0.0, "loadavg_end": 0.0}
         return _row(spec["case"], spec["batch"], tokens_per_text=spec["tokens"], **figures)
 
     monkeypatch.setattr(bench_chattts, "run_child", fake_child)
-    report = run_chattts_bench(tmp_path, tokens=3, batches=(1, 4), rounds=2, cases=TORCH_CASES)
+    report = run_chattts_bench(
+        tmp_path, tokens=3, batches=(1, 4), rounds=2, cases=TORCH_CASES, spinning=False
+    )
 
     one_round = [(c, b) for c in TORCH_CASES for b in (1, 4)]
     assert calls == one_round * 2
     assert [r["round"] for r in report["runs"]] == [1] * 4 + [2] * 4
     assert [r["rounds"] for r in report["results"]] == [2] * 4
-    assert "best of 2 interleaved rounds" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "best of 2 interleaved rounds" in printed and "spinning off" in printed
 
 
 def test_cli_and_onnx_alias_run_the_combined_bench(

@@ -771,8 +771,12 @@ def run_chattts_bench(
     hidden_size: int = OFFICIAL_HIDDEN_SIZE,
     num_layers: int = OFFICIAL_LAYERS,
     first_audio_codes: int | None = None,
+    spinning: bool = True,
 ) -> dict[str, Any]:
     """Measure every case x batch size, ``rounds`` times interleaved; print, write JSON.
+
+    ``spinning`` is the ONNX sessions' spinning (onnxruntime's default, on): off is the fair
+    choice on a host whose other programs keep the cores busy, where spinning is a cliff.
 
     ``out`` is the work folder: the checkpoint in ``out/checkpoint`` and the export in
     ``out/onnx`` are made when missing (``hidden_size``/``num_layers`` size a new checkpoint;
@@ -797,6 +801,7 @@ def run_chattts_bench(
         "batches": list(batches),
         "rounds": rounds,
         "threads": threads,
+        "onnx_spinning": spinning,
         "first_audio": {
             "text": FIRST_AUDIO_TEXT,
             "codes": codes,
@@ -837,6 +842,7 @@ def run_chattts_bench(
                         "models_dir": models_dir,
                         "export": str(export),
                         "first_audio_codes": codes if batch == batches[0] else 0,
+                        "spinning": spinning,
                     }
                     if case in TORCH_CASES:
                         row = run_child(
@@ -881,7 +887,8 @@ def format_report(report: dict[str, Any]) -> str:
         report["note"],
         f"ChatTTS GPT {dims['hidden_size']} hidden x {dims['num_hidden_layers']} layers; "
         f"{report['tokens_per_text']} tokens per text (EOS blocked until then), "
-        f"{report['threads']} threads, "
+        f"{report['threads']} threads (ONNX spinning "
+        f"{'on' if report.get('onnx_spinning', True) else 'off'}), "
         + ("1 round" if rounds == 1 else f"best of {rounds} interleaved rounds (memory: highest)"),
         f"first audio: {first['text']!r} through the engine's synthesize, EOS blocked for a fixed "
         f"{first['codes']} codes (random weights stop at an arbitrary EOS); time to its first "

@@ -244,6 +244,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 4])
     parser.add_argument("--rounds", type=int, default=1, help="interleaved rounds (best kept)")
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument(
+        "--spinning",
+        choices=("on", "off"),
+        default="on",
+        help="onnxruntime's spinning worker threads (off on a host busy with other work)",
+    )
     options = parser.parse_args(args)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     from tts_bridge.bench.chattts import run_chattts_bench
@@ -255,6 +261,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         rounds=options.rounds,
         cases=ONNX_CASES,
         threads=options.threads,
+        spinning=options.spinning == "on",
     )
     return 0
 
