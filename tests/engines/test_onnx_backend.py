@@ -20,6 +20,7 @@ from typing import Any
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 
+import numpy as np
 import pytest
 import yaml
 
@@ -465,3 +466,38 @@ def test_refine_session_made_from_the_idle_thread_runs_at_normal_priority(
     assert new, "the refine session started no thread (2 intra-op threads were asked for)"
     assert set(new.values()) == {normal}, new
     pool.unload_all()
+
+
+def test_models_quantize_int4_makes_a_voice_with_precision_int4_speak(
+    copied: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`models quantize --int4 NAME`, then a chattts-onnx voice with precision int4 (the option
+    for boards short of memory) is built by the pool and speaks."""
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        yaml.safe_dump({"models": {"dir": str(copied)}, "cache": {"dir": str(tmp_path / "c")}}),
+        encoding="utf-8",
+    )
+    assert main(["models", "quantize", "--int4", "chattts-onnx", "--config", str(config)]) == 0
+    assert "gpt.int4.onnx" in capsys.readouterr().out
+    settings = load_settings(
+        None,
+        {
+            "models": {"dir": str(copied)},
+            "cache": {"dir": str(tmp_path / "cache")},
+            "synthesis": {"onnx_threads": 1},
+            "voices": {
+                "small": {"engine": "chattts-onnx", "model": "chattts-onnx", "precision": "int4"}
+            },
+            "default_voice": "small",
+            "voices_file": str(tmp_path / "voices.yaml"),
+        },
+        environ={},
+    )
+    pool = EnginePool(settings)
+    voice = pool.voice("small")
+    assert isinstance(voice.engine, ChatTTSOnnxEngine)
+    assert voice.engine.precision == "int4" and ":int4:" in voice.engine.identity
+    pool.ensure_loaded(voice.engine)
+    (audio,) = voice.engine.synthesize("你好。", voice.speaker, ChatTTSOptions(seed=3))
+    assert np.isfinite(audio).all() and audio.size > 0

@@ -98,7 +98,7 @@ def _cmd_models(args: argparse.Namespace, settings: Settings) -> int:
     if args.models_command == "export":
         return _models_export(settings, args.source, args.dest, args.name)
     if args.models_command == "quantize":
-        return _models_quantize(settings, args.name)
+        return _models_quantize(settings, args.name, int4=args.int4)
     if args.models_command in ("download", "search"):
         return _models_hub(args, settings)
     return cmd_models_list(settings)
@@ -115,9 +115,9 @@ def _models_export(settings: Settings, source: Path, dest: Path, name: str) -> i
     return 0
 
 
-def _models_quantize(settings: Settings, name: str) -> int:
+def _models_quantize(settings: Settings, name: str, *, int4: bool = False) -> int:
     """INT8 graphs beside an ONNX export (onnxruntime dynamic quantization); re-recorded."""
-    from tts_bridge.engines.chattts.quantize import quantize_onnx
+    from tts_bridge.engines.chattts.quantize import quantize_int4, quantize_onnx
 
     manifest = manifests.get_manifest(name, settings.models.dir)
     folder = manifest.folder(settings.models.dir)
@@ -126,7 +126,7 @@ def _models_quantize(settings: Settings, name: str) -> int:
         for problem in bad:
             print(f"refused: {problem}", file=sys.stderr)
         return 1
-    written = quantize_onnx(folder)
+    written = quantize_int4(folder) if int4 else quantize_onnx(folder)
     manifests.add_model(name, folder, settings.models.dir)
     print(f"quantized {name!r}: {', '.join(p.name for p in written)}")
     return 0
@@ -191,6 +191,11 @@ def add_models_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         [common],
     )
     quantize.add_argument("name", help="an exported model's name")
+    quantize.add_argument(
+        "--int4",
+        action="store_true",
+        help="write the 4-bit GPT (precision: int4) instead: less memory, less faithful",
+    )
     _add_hub_parsers(models_sub, common)
 
 
