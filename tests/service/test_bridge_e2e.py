@@ -9,16 +9,14 @@ and ``heart`` (hibari, 24 kHz).
 
 from __future__ import annotations
 
-import io
 import json
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 import pytest
-import soundfile
 
+from tests.support.answers import Wav, assert_error, assert_ok, parse_wav
 from tests.support.harness import (
     BridgeFactory,
     MqttProbe,
@@ -43,24 +41,6 @@ HEART_RATE = 24000
 
 
 # -- helpers -----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Wav:
-    sample_rate: int
-    channels: int
-    samples: npt.NDArray[np.float32]
-
-    @property
-    def duration_s(self) -> float:
-        return len(self.samples) / self.sample_rate
-
-
-def parse_wav(data: bytes) -> Wav:
-    info = soundfile.info(io.BytesIO(data))
-    assert info.format == "WAV", f"not a WAV file: {info.format}"
-    samples, rate = soundfile.read(io.BytesIO(data), dtype="float32", always_2d=True)
-    return Wav(sample_rate=int(rate), channels=samples.shape[1], samples=samples[:, 0])
 
 
 def audio_topic(target: str) -> str:
@@ -98,26 +78,6 @@ def wait_audio(
     return probe.wait_for(matches, WAIT_S, since=since, what=f"audio on {topic}")
 
 
-def assert_ok(
-    response: dict[str, Any], *, target: str, voice: str, engine: str, audio: ReceivedMessage
-) -> None:
-    assert response["status"] == "ok", response
-    assert "error" not in response, response
-    data = response["data"]
-    assert data["target"] == target, response
-    assert data["voice"] == voice, response
-    assert data["engine"] == engine, response
-    assert data["tier"] in ("quality", "fast"), response
-    assert isinstance(data["cached"], bool), response
-    assert isinstance(data["latency_ms"], int | float) and data["latency_ms"] >= 0, response
-    assert data["bytes"] == len(audio.payload), response
-    wav = parse_wav(audio.payload)
-    assert isinstance(data["duration_ms"], int | float), response
-    assert abs(data["duration_ms"] - wav.duration_s * 1000) <= max(50, wav.duration_s * 20), (
-        f"duration_ms {data['duration_ms']} but the WAV lasts {wav.duration_s * 1000:.0f} ms"
-    )
-
-
 def assert_audio_message(
     audio: ReceivedMessage, *, request_id: Any, sample_rate: int, cached: bool | None = None
 ) -> Wav:
@@ -136,14 +96,6 @@ def assert_audio_message(
     assert wav.sample_rate == sample_rate
     assert float(np.max(np.abs(wav.samples))) > 0.01, "the audio is silent"
     return wav
-
-
-def assert_error(response: dict[str, Any], code: str) -> None:
-    assert response["status"] == "error", response
-    assert response.get("code") == code, f"expected code {code!r}, got {response}"
-    assert isinstance(response.get("error"), str) and response["error"].strip(), response
-    assert "id" in response, response
-    assert response["id"] not in (None, ""), f"error response without an id: {response}"
 
 
 def say(probe: MqttProbe, payload: bytes | str, target: str | None = "kitchen", **kw: Any) -> int:
