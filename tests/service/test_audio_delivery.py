@@ -22,13 +22,12 @@ from tests.service.test_say import (
     REPLY,
     SAY,
     assert_audio_message,
-    assert_error,
-    parse_wav,
     say,
     say_json,
     wait_audio,
     wait_response,
 )
+from tests.support.answers import assert_error, parse_wav
 from tests.support.fake import BASE, FakeConnection, Services, props
 from tts_bridge.mqtt.client import OutgoingMessage
 

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.service.test_say import assert_error, say, say_json, wait_audio, wait_response
+from tests.service.test_say import say, say_json, wait_audio, wait_response
+from tests.support.answers import assert_error
 from tests.support.fake import BASE, Services, body, journal_of, props
 from tests.support.fullfs import small_tmpfs
 from tts_bridge.engines.piper import bundled_model
