@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -253,3 +253,74 @@ def test_a_model_file_swapped_after_start_is_refused_at_the_next_load(
         assert pool.loaded() == [pool.voice("beep").engine.identity]
     finally:
         synth.cache.close()
+
+
+class _ChineseTone(ToneEngine):
+    name = "zhtone"
+    languages = frozenset({"zh"})
+
+
+class _BilingualTone(ToneEngine):
+    name = "bigtone"
+    languages = frozenset({"zh", "en"})
+
+
+@pytest.fixture
+def auto_kinds(bundled: Path) -> Iterator[None]:
+    """A slow bilingual kind whose voices may say fast_voice: auto, and a quick Chinese one."""
+
+    def build(cls: type[ToneEngine]) -> Callable[[EngineContext], ToneEngine]:
+        def make(context: EngineContext) -> ToneEngine:
+            return cls(
+                context.model, context.sha256(context.model), context.session.intra_op_threads
+            )
+
+        return make
+
+    catalog.register(
+        EngineSpec(
+            kind="bigtone",
+            build=build(_BilingualTone),
+            tier="quality",
+            seed_seconds_per_char=1.0,
+            languages=frozenset({"zh", "en"}),
+            bundled_model=lambda: bundled,
+            options=ToneOptions,
+            auto_fast_voice=True,
+        )
+    )
+    catalog.register(
+        EngineSpec(
+            kind="zhtone",
+            build=build(_ChineseTone),
+            tier="fast",
+            seed_seconds_per_char=0.01,
+            languages=frozenset({"zh"}),
+            bundled_model=lambda: bundled,
+            options=ToneOptions,
+        )
+    )
+    yield
+    catalog.unregister("bigtone")
+    catalog.unregister("zhtone")
+
+
+def test_fast_voice_auto_picks_a_quick_voice_that_speaks_the_language(
+    auto_kinds: None, tmp_path: Path
+) -> None:
+    settings = _settings(
+        tmp_path,
+        {"big": {"engine": "bigtone", "fast_voice": "auto"}, "huayan": {"engine": "zhtone"}},
+    )
+    pool = EnginePool(settings)
+    big, huayan = pool.voice("big"), pool.voice("huayan")
+    assert pool.fast_voice_for(big, "zh") is huayan
+    assert pool.fast_voice_for(big, "en") is None  # nothing quicker speaks English
+    assert pool.fast_voice_for(huayan, "zh") is None  # no fast voice configured: none
+    # A voice that names its fast voice keeps it, whatever the language.
+    named = _settings(
+        tmp_path,
+        {"big": {"engine": "bigtone", "fast_voice": "huayan"}, "huayan": {"engine": "zhtone"}},
+    )
+    pool = EnginePool(named)
+    assert pool.fast_voice_for(pool.voice("big"), "en") is pool.voice("huayan")

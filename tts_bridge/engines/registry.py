@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import psutil
 
-from tts_bridge.config import Settings, VoiceSettings
+from tts_bridge.config import AUTO_FAST_VOICE, Settings, VoiceSettings
 from tts_bridge.engines import catalog
 from tts_bridge.engines.base import Engine, EngineError, Tier
 from tts_bridge.engines.catalog import EngineContext
@@ -280,6 +280,33 @@ class EnginePool:
             raise UnknownVoiceError(
                 f"unknown voice {name!r}; available: {', '.join(sorted(self._voices))}"
             ) from None
+
+    def fast_voice_for(self, voice: Voice, language: str | None) -> Voice | None:
+        """The voice that answers for ``voice`` when it would be too slow: its fast voice. A
+        voice configured with ``fast_voice: auto`` whose resolved fast voice does not speak
+        ``language`` (or that resolved to none) gets the quickest other configured voice that
+        does, so a Chinese Piper voice answers a ChatTTS voice's Chinese text under load."""
+        name = voice.settings.fast_voice
+        fast = self._voices.get(name) if name and name != AUTO_FAST_VOICE else None
+        if language is None or (fast is not None and language in fast.engine.languages):
+            return fast
+        configured = self.settings.voices.get(voice.name)
+        if configured is None or configured.fast_voice != AUTO_FAST_VOICE:
+            return fast
+        own_cost = catalog.spec(voice.settings.engine).seed_seconds_per_char
+        candidates = [
+            v
+            for v in self._voices.values()
+            if v is not voice
+            and language in v.engine.languages
+            and catalog.spec(v.settings.engine).seed_seconds_per_char < own_cost
+        ]
+        if not candidates:
+            return fast
+        return min(
+            candidates,
+            key=lambda v: (v.tier != "fast", catalog.spec(v.settings.engine).seed_seconds_per_char),
+        )
 
     def engines(self) -> list[Engine]:
         return list(self._engines.values())

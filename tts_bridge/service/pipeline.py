@@ -200,8 +200,7 @@ class Pipeline:
     ) -> SpeechJob:
         """Pick the tier for a validated plan (the second half of `prepare`)."""
         synth = self.synthesizer
-        fast_name = plan.voice.settings.fast_voice
-        fast = synth.engines.voice(fast_name) if fast_name else None
+        fast = synth.engines.fast_voice_for(plan.voice, plan.language)
         cost = synth.uncached_cost_s(plan.voice, plan.sentences, plan.options, use_cache=use_cache)
         route = self.router.choose(
             plan.voice,
@@ -342,15 +341,11 @@ class Pipeline:
         language: the requested voice for a job sent to its fast voice, else its fast voice."""
         if job.rerouted:
             return job.plan.voice
-        name = job.plan.voice.settings.fast_voice
-        if not name:
-            return None
-        try:
-            fast = self.synthesizer.engines.voice(name)
-        except UnknownVoiceError:
-            return None
         language = job.plan.language
-        if fast is job.plan.voice or (language and language not in fast.engine.languages):
+        fast = self.synthesizer.engines.fast_voice_for(job.plan.voice, language)
+        if fast is None or fast is job.plan.voice:
+            return None
+        if language and language not in fast.engine.languages:
             return None
         return fast
 
