@@ -221,8 +221,15 @@ def test_an_ok_answer_is_an_ok_event_with_its_details() -> None:
             "voice": "joe",
             "tier": "fast",
             "duration_ms": 1820,
+            "url": None,  # the HTTP server is off
         },
     )
+    # With the HTTP server on, the event carries the answer's URL for an automation to play.
+    url = "http://192.168.1.20:10201/audio/Jk3vQw.mp3"
+    with_url = json.loads(ok_response("r1", {**OK_DATA, "url": url, "format": "mp3"}))
+    _, attributes = ha_event(component, answer_event(with_url, "kitchen")) or ("", {})
+    assert attributes["url"] == url
+    assert "format" not in attributes  # only the declared attributes
 
 
 def test_an_emoji_only_announcement_is_an_error_event() -> None:
@@ -242,6 +249,7 @@ def test_an_emoji_only_announcement_is_an_error_event() -> None:
             "voice": None,
             "tier": None,
             "duration_ms": None,
+            "url": None,
         },
     )
     # Home Assistant drops events replayed from a retained message; the bridge never retains them.

@@ -4,11 +4,14 @@
 from __future__ import annotations
 
 import json
+import socket
 from pathlib import Path
 from typing import Any
 
 from tests.support.fake import BASE, FakeConnection, Services, body
+from tts_bridge.mqtt import discovery
 from tts_bridge.mqtt.client import OutgoingMessage
+from tts_bridge.service.http import AudioServer
 
 RESPONSE = f"{BASE}/bridge/response/say"
 EVENT = f"{BASE}/bridge/event"
@@ -53,10 +56,14 @@ def test_every_say_answer_is_one_event(services: Services) -> None:
         "voice": ok["data"]["voice"],
         "tier": ok["data"]["tier"],
         "duration_ms": ok["data"]["duration_ms"],
+        # So an automation can play the answer on a media player (the HTTP server is on).
+        "url": ok["data"]["url"],
     }
+    assert ok["data"]["url"].startswith("http://127.0.0.1:")
     for request_id, code in (("party", "nothing_speakable"), ("v", "unknown_voice")):
         refused, event = _answer(conn, request_id, since), body(_event(conn, request_id, since))
         assert refused["code"] == code, refused
+        assert event["url"] is None
         assert event["event_type"] == "error" and event["target"] == "hall"
         assert (event["code"], event["error"]) == (code, refused["error"])
 
@@ -125,3 +132,41 @@ def test_a_choice_that_cannot_be_saved_is_used_and_says_so(
     assert answer["data"] == {"default_voice": "heart", "saved": False}
     info = conn.wait_for(lambda m: m.topic == INFO and body(m)["default_voice"] == "heart", since)
     assert info.retain
+
+
+def _discovery(conn: FakeConnection) -> dict[str, Any]:
+    topic = discovery.discovery_topic("homeassistant", "tts_bridge")
+    found: dict[str, Any] = body(conn.wait_for(lambda m: m.topic == topic, what="discovery"))
+    return found
+
+
+def test_discovery_links_the_status_page_while_the_http_server_runs(services: Services) -> None:
+    service, conn = services(scheduler={"idle_enabled": False})
+    server = next(s for s in service.servers if isinstance(s, AudioServer))
+    # http.port is 0 here: the link has the port the server got, known only once it listens.
+    assert server.port != 0
+    assert _discovery(conn)["dev"]["cu"] == f"http://127.0.0.1:{server.port}/"
+
+    # Home Assistant's birth message brings the same link again.
+    since = conn.mark()
+    conn.deliver("homeassistant/status", b"online")
+    topic = discovery.discovery_topic("homeassistant", "tts_bridge")
+    again = body(conn.wait_for(lambda m: m.topic == topic, since=since, what="discovery again"))
+    assert again["dev"]["cu"] == f"http://127.0.0.1:{server.port}/"
+
+
+def test_discovery_has_no_link_without_the_http_server(services: Services) -> None:
+    service, conn = services(http={"enabled": False}, scheduler={"idle_enabled": False})
+    assert not any(isinstance(s, AudioServer) for s in service.servers)
+    assert "cu" not in _discovery(conn)["dev"]
+
+
+def test_discovery_has_no_link_when_the_http_server_cannot_listen(services: Services) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        service, conn = services(http={"port": port}, scheduler={"idle_enabled": False})
+        server = next(s for s in service.servers if isinstance(s, AudioServer))
+        assert not server.bound
+        assert "cu" not in _discovery(conn)["dev"]

@@ -3,8 +3,10 @@ path tricks, expiry, stable URLs and concurrent requests."""
 
 from __future__ import annotations
 
+import html
 import http.client
 import io
+import json
 import os
 import socket
 import stat
@@ -19,8 +21,10 @@ import numpy.typing as npt
 import pytest
 import soundfile
 
+from tests.support.fake import BASE, Services, body
 from tts_bridge.config import HttpSettings, load_settings
 from tts_bridge.formats import AudioFormat
+from tts_bridge.service import app, status_page
 from tts_bridge.service.audio_store import AudioStore
 from tts_bridge.service.http import AudioServer
 
@@ -346,3 +350,55 @@ def test_from_settings_puts_files_in_the_cache_and_the_key_in_the_state_folder(
     published = server.publish(_tone(), RATE)
     assert published.format == AudioFormat("mp3", 44100)  # http.format's default
     assert os.path.exists(server.store.directory / f"{published.token}.mp3")
+
+
+# -- the status page at / (the service's, in process) ------------------------------------------
+
+
+def _audio_server(service: app.Service) -> AudioServer:
+    return next(s for s in service.servers if isinstance(s, AudioServer))
+
+
+def test_the_status_page_shows_voices_and_health_but_no_url(services: Services) -> None:
+    service, conn = services(scheduler={"idle_enabled": False})
+    server = _audio_server(service)
+    since = conn.mark()
+    conn.deliver(f"{BASE}/say/kitchen", json.dumps({"text": "Secret words here.", "id": "s1"}))
+    answer = body(conn.wait_for(lambda m: m.topic == f"{BASE}/bridge/response/say", since=since))
+    token = _path(answer["data"]["url"]).rsplit("/", 1)[1].split(".")[0]
+
+    status, headers, page = _request(server, "GET", "/")
+    assert status == 200
+    assert headers["Content-Type"] == "text/html; charset=utf-8"
+    text = page.decode()
+    catalog = service.pipeline.voices()
+    for voice in catalog.voices:
+        assert f"<td>{html.escape(voice.name)}" in text, voice.name
+    assert f"<b>{html.escape(catalog.default_voice)}</b>" in text
+    assert "Queue depth" in text and "Cache hit rate" in text
+    assert "Wyoming: off" in text  # wyoming.enabled is false on fake connections
+    for secret in (token, "/audio/", "Secret words"):
+        assert secret not in text, secret
+
+    status, headers, empty = _request(server, "HEAD", "/")
+    assert (status, empty) == (200, b"")
+    assert headers["Content-Type"] == "text/html; charset=utf-8"
+    assert _request(server, "GET", "/index.html")[0] == 404
+
+
+def test_the_status_page_escapes_what_it_shows() -> None:
+    page = status_page.render(
+        "<b>bridge</b>",
+        {
+            "version": "1.0",
+            "default_voice": "a&b",
+            "voices": {"a&b": {"engine": "piper", "description": "<script>x</script>"}},
+        },
+        {"queue_depth": 2, "cache_hit_rate": 0.5, "tier_in_use": "<i>"},
+        10200,
+    )
+    assert "<script>" not in page and "<b>bridge</b>" not in page and "<i>" not in page
+    assert "&lt;script&gt;x&lt;/script&gt;" in page
+    assert "<td>a&amp;b (default)</td>" in page
+    assert "<td>50%</td>" in page and "<td>2</td>" in page
+    assert "Wyoming: port 10200" in page

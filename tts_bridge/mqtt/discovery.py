@@ -58,7 +58,8 @@ EVENT_TYPES = ("ok", "error")
 """The ``event_type`` of each say answer's event: ok (audio went out) or error (refused)."""
 # What an answer's event carries besides its type; every key is present (None when it does not
 # apply), so an ok event does not keep showing the error of the answer before it.
-EVENT_ATTRIBUTES = ("id", "target", "code", "error", "voice", "tier", "duration_ms")
+# url is the answer's audio on the HTTP server (None when it is off), for an automation to play.
+EVENT_ATTRIBUTES = ("id", "target", "code", "error", "voice", "tier", "duration_ms", "url")
 
 
 def discovery_topic(prefix: str, node_id: str) -> str:

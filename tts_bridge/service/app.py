@@ -15,8 +15,10 @@ from typing import Protocol
 
 from tts_bridge.config import Settings
 from tts_bridge.faults import storage_condition
+from tts_bridge.mqtt import discovery
 from tts_bridge.mqtt.client import MqttConnection, OutgoingMessage
 from tts_bridge.mqtt.protocol import Topics
+from tts_bridge.service import status_page
 from tts_bridge.service.api import BridgeApi
 from tts_bridge.service.bridge import OFFLINE, Bridge
 from tts_bridge.service.delivery import AudioDelivery
@@ -195,6 +197,14 @@ def build_audio_server(settings: Settings) -> AudioServer | None:
         return None
 
 
+def status_url(audio_server: AudioServer | None) -> str | None:
+    """The status page's URL once the audio server listens (servers start before the bridge
+    connects and publishes discovery, so the first discovery has the port a `port: 0` got)."""
+    if audio_server is None or not audio_server.bound:
+        return None
+    return audio_server.base_url + "/"
+
+
 def build(
     settings: Settings,
     *,
@@ -219,7 +229,20 @@ def build(
     say = SayFrontEnd(settings, outbox, pipeline, journal, AudioDelivery(settings, audio_server))
     hermes = HermesFrontEnd(settings, outbox, pipeline)
     bridge: Bridge | None = None
-    reports = Reports(settings, outbox, pipeline, lambda: bridge.faults() if bridge else {})
+    reports = Reports(
+        settings,
+        outbox,
+        pipeline,
+        lambda: bridge.faults() if bridge else {},
+        configuration_url=lambda: status_url(audio_server),
+    )
+    if audio_server is not None:
+        audio_server.status_page = lambda: status_page.render(
+            discovery.DEVICE_NAME,
+            reports.info(),
+            reports.health(),
+            settings.wyoming.port if settings.wyoming.enabled else None,
+        )
     api = BridgeApi(settings, outbox, pipeline, reports, preferences)
     # The MQTT front ends, in dispatch order (each owns distinct topics); a new one goes here.
     front_ends = [say, api, reports, hermes]

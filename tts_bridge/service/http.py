@@ -4,9 +4,10 @@ URLs (Sonos, Google Cast, ESPHome, squeezelite, Home Assistant media players).
 It runs aiohttp on its own thread and event loop, so the thread-based service never blocks on the
 network and the network never waits for encoding: publish() encodes on the caller's thread, and
 the loop only streams files. GET and HEAD are served with byte ranges (aiohttp's FileResponse:
-206, 416, Accept-Ranges, Content-Length), which Sonos and Cast use. Only
-``/audio/<token>.<extension>`` exists; any other path, and any token the store does not hold,
-is a 404 (path tricks included: a name is exactly a token and an extension, never a path).
+206, 416, Accept-Ranges, Content-Length), which Sonos and Cast use. ``/audio/<token>.<extension>``
+and, when the service gives one, the status page at ``/`` exist; any other path, and any token
+the store does not hold, is a 404 (path tricks included: a name is exactly a token and an
+extension, never a path).
 """
 
 from __future__ import annotations
@@ -76,8 +77,12 @@ class AudioServer:
         settings: HttpSettings,
         store: AudioStore,
         clock: Callable[[], float] = time.time,
+        status_page: Callable[[], str] | None = None,
     ) -> None:
+        """`status_page` renders the HTML served at ``/`` (off, a 404, without one); it runs on
+        a worker thread of the server's loop, so it may take locks."""
         self.settings = settings
+        self.status_page = status_page
         self.store = store
         self._clock = clock
         self._thread: threading.Thread | None = None
@@ -143,6 +148,7 @@ class AudioServer:
     async def _serve(self, ready: threading.Event, failure: list[BaseException]) -> None:
         app = web.Application(middlewares=[self._errors_middleware])
         app.router.add_get(_ROUTE_PREFIX + "{name}", self._handle_audio)  # HEAD too
+        app.router.add_get("/", self._handle_status)
         # No access log: URLs are secrets, and a speaker's range requests would flood it.
         runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await runner.setup()
@@ -193,6 +199,19 @@ class AudioServer:
                 "Cache-Control": f"private, max-age={max_age}",
                 "Accept-Ranges": "bytes",
             },
+        )
+
+    async def _handle_status(self, request: web.Request) -> web.StreamResponse:
+        render = self.status_page
+        if render is None:
+            raise web.HTTPNotFound()
+        # Off the loop: the health figures take the cache's and the scheduler's locks.
+        page = await asyncio.get_running_loop().run_in_executor(None, render)
+        return web.Response(
+            text=page,
+            content_type="text/html",
+            charset="utf-8",
+            headers={"Cache-Control": "no-store"},
         )
 
     # -- publishing --------------------------------------------------------------------------

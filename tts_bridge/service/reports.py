@@ -30,9 +30,13 @@ class Reports(MqttFrontEnd):
         outbox: Outbox,
         pipeline: Pipeline,
         faults: Callable[[], Mapping[str, Any]] | None = None,
+        configuration_url: Callable[[], str | None] | None = None,
     ) -> None:
-        """`faults` adds the service's fault counts to health (journal, refused answers)."""
+        """`faults` adds the service's fault counts to health (journal, refused answers);
+        `configuration_url` is the bridge's status page while it is served (None when not),
+        the device's "Visit" link in Home Assistant."""
         self._settings = settings
+        self._configuration_url = configuration_url
         self._faults = faults
         self._outbox = outbox
         self._pipeline = pipeline
@@ -141,5 +145,6 @@ class Reports(MqttFrontEnd):
             targets=ha.targets,
             voices=[v.name for v in catalog.voices],
             default_voice=catalog.default_voice,
+            configuration_url=self._configuration_url() if self._configuration_url else None,
         )
         self._outbox.publish(OutgoingMessage(topic, discovery.config_payload(config), retain=True))

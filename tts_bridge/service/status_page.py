@@ -1,0 +1,84 @@
+"""The audio server's status page at ``/``: what the bridge is and how it is doing, as plain HTML.
+
+It is Home Assistant's "Visit" link of the device. It shows what bridge/info and bridge/health
+already publish, picked field by field: never an audio URL or the server's key (URLs are the
+only secret guarding the audio), never a request's text. Every value is escaped, since voice
+names and descriptions come from the settings.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Mapping
+from typing import Any
+
+# (label, health key, unit): the counters worth a glance; the rest stays in bridge/health.
+_HEALTH_ROWS = (
+    ("Queue depth", "queue_depth", ""),
+    ("Synthesizing now", "active", ""),
+    ("Estimated backlog", "estimated_backlog_s", " s"),
+    ("Answers", "answers", ""),
+    ("Tier in use", "tier_in_use", ""),
+    ("Last latency", "last_latency_ms", " ms"),
+    ("Cache hit rate", "cache_hit_rate", ""),
+    ("Cache entries", "cache_entries", ""),
+    ("Background work pending", "background_pending", ""),
+    ("Resident memory", "rss_mb", " MB"),
+    ("Uptime", "uptime_s", " s"),
+)
+
+
+def render(
+    name: str,
+    info: Mapping[str, Any],
+    health: Mapping[str, Any],
+    wyoming_port: int | None,
+) -> str:
+    """The page from the bridge's info and health reports (`Reports.info()`, `.health()`);
+    `wyoming_port` None when the Wyoming server is off."""
+    version = str(info.get("version", ""))
+    default_voice = str(info.get("default_voice", ""))
+    voices: Mapping[str, Mapping[str, Any]] = info.get("voices") or {}
+    title = f"{name} {version}".strip()
+
+    voice_rows = "".join(
+        "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>".format(
+            _e(voice) + (" (default)" if voice == default_voice else ""),
+            _e(details.get("engine")),
+            _e(details.get("tier")),
+            _e(", ".join(str(lang) for lang in details.get("languages") or ())),
+            _e(details.get("description")),
+        )
+        for voice, details in voices.items()
+    )
+    health_rows = "".join(
+        f"<tr><th>{_e(label)}</th><td>{_e(_value(key, health.get(key)))}{_e(unit)}</td></tr>"
+        for label, key, unit in _HEALTH_ROWS
+        if key in health
+    )
+    wyoming = f"port {wyoming_port}" if wyoming_port is not None else "off"
+    return (
+        "<!DOCTYPE html>\n"
+        '<html lang="en"><head><meta charset="utf-8">'
+        f"<title>{_e(title)}</title></head><body>\n"
+        f"<h1>{_e(name)}</h1>\n"
+        f"<p>Version {_e(version)}. Default voice: <b>{_e(default_voice)}</b>. "
+        f"Wyoming: {_e(wyoming)}.</p>\n"
+        "<h2>Voices</h2>\n"
+        "<table><tr><th>Voice</th><th>Engine</th><th>Tier</th><th>Languages</th>"
+        f"<th>Description</th></tr>{voice_rows}</table>\n"
+        f"<h2>Health</h2>\n<table>{health_rows}</table>\n"
+        "</body></html>\n"
+    )
+
+
+def _value(key: str, value: Any) -> str:
+    if value is None:
+        return "–"
+    if key == "cache_hit_rate" and isinstance(value, int | float):
+        return f"{value:.0%}"
+    return str(value)
+
+
+def _e(value: Any) -> str:
+    return html.escape("" if value is None else str(value))
