@@ -211,6 +211,30 @@ def test_say_finished_and_error_payloads() -> None:
     }
 
 
+def test_payloads_with_a_lone_surrogate_are_escaped_not_lost() -> None:
+    # parse_hermes_say refuses lone surrogates, but a say built another way, or an error message
+    # quoting what a request held, may carry one UTF-8 cannot: the answer still goes out, escaped.
+    say = HermesSay(text="Hi", id="r\ud800", session_id="s\udc01", id_given=True)
+    finished_body = say_finished_payload(say)
+    error_body = error_payload(say, "voice 'b\udfffb' is unknown")
+    for payload in (finished_body, error_body):
+        payload.decode("ascii")  # escaped, so plain ASCII
+        assert b"\\ud800" in payload and b"\\udc01" in payload, payload
+    assert json.loads(finished_body) == {
+        "id": "r\ud800",
+        "siteId": "default",
+        "sessionId": "s\udc01",
+    }
+    assert json.loads(error_body) == {
+        "error": "voice 'b\udfffb' is unknown",
+        "siteId": "default",
+        "context": "r\ud800",
+        "sessionId": "s\udc01",
+    }
+    # Text UTF-8 can carry stays as it is (not escaped).
+    assert "é".encode() in error_payload(make_say("é1"), "x")
+
+
 # -- FinishTracker -------------------------------------------------------------------------
 
 

@@ -19,6 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from tts_bridge.mqtt.protocol import encode_json
+
 _LOGGER = logging.getLogger(__name__)
 
 SAY = "hermes/tts/say"
@@ -214,7 +216,7 @@ def site_of_play_finished(topic: str) -> str | None:
 def say_finished_payload(say: HermesSay) -> bytes:
     """``hermes/tts/sayFinished`` for a request: its id, siteId and sessionId."""
     body = {"id": say.id, "siteId": say.site_id, "sessionId": say.session_id}
-    return json.dumps(body, ensure_ascii=False).encode()
+    return encode_json(body)
 
 
 def error_payload(source: HermesSay | HermesError | None, message: str) -> bytes:
@@ -236,7 +238,7 @@ def error_payload(source: HermesSay | HermesError | None, message: str) -> bytes
         "context": context,
         "sessionId": session_id,
     }
-    return json.dumps(body, ensure_ascii=False).encode()
+    return encode_json(body)
 
 
 FinishReason = Literal["played", "timeout", "replaced"]
