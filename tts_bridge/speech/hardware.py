@@ -547,7 +547,8 @@ def _plan_concurrency(cores: int, intra: int, memory_mb: int) -> tuple[int, str]
     if cores <= _SINGLE_JOB_MAX_CPUS:
         why = (
             f"one job at a time on {cores} usable CPUs, so the announcement someone is waiting "
-            "for gets all of them; later requests queue by priority"
+            "for gets all of them; later requests wait in arrival order (those routed to the "
+            "fast voice take a lane of their own)"
         )
         if cores >= 2 * intra and memory_mb >= 2 * _MB_PER_CONCURRENT_JOB:
             # A 4-core board with 2 GB or more has room for two 2-thread jobs. Whether that
