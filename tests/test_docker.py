@@ -450,6 +450,16 @@ def test_external_broker_variant(tmp_path: Path) -> None:
         _interpolate(_environment(bridge)["TTS_BRIDGE_MQTT__HOST"], {})
 
 
+@pytest.mark.parametrize("path", [COMPOSE, EXTERNAL], ids=lambda p: p.name)
+def test_compose_publishes_the_wyoming_and_audio_ports(path: Path) -> None:
+    """Home Assistant adds the Wyoming integration by host and port, and speakers fetch the
+    audio URLs: both listen on their default ports inside the container, published as they are."""
+    bridge = yaml.safe_load(path.read_text(encoding="utf-8"))["services"]["tts-bridge"]
+    defaults = load_settings(None, environ={})
+    wanted = {f"{port}:{port}" for port in (defaults.wyoming.port, defaults.http.port)}
+    assert wanted <= {str(port) for port in bridge["ports"]}, bridge["ports"]
+
+
 def test_mosquitto_conf_settings() -> None:
     options = {}
     for raw in MOSQUITTO_CONF.read_text(encoding="utf-8").splitlines():
