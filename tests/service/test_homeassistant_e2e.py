@@ -97,6 +97,7 @@ def test_every_answer_is_an_event_and_discovery_declares_it(
         "voice": None,
         "tier": None,
         "duration_ms": None,
+        "url": None,
     }
 
     # A spoken announcement is an ok event with what was spoken.
@@ -114,5 +115,6 @@ def test_every_answer_is_an_event_and_discovery_declares_it(
         "voice": answer["data"]["voice"],
         "tier": answer["data"]["tier"],
         "duration_ms": answer["data"]["duration_ms"],
+        "url": answer["data"]["url"],  # the bridge's HTTP server is on
     }
     assert ok["duration_ms"] > 0 and ok["tier"] in tier["ops"]
