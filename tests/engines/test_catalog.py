@@ -187,8 +187,11 @@ def test_a_registered_kind_is_configured_built_and_spoken(
         # Its options are the declared type: its own field is taken, others refused.
         higher = synth.options_for(pool.voice("beep"), {"octave": 1})
         assert isinstance(higher, ToneOptions) and higher.octave == 1
-        with pytest.raises(RequestError, match="tone options are speed, octave"):
+        with pytest.raises(RequestError, match="tone options are speed, octave") as caught:
             synth.options_for(pool.voice("beep"), {"temperature": 0.5})
+        # In the bridge's words: the option and the voice named, no Python wording.
+        assert "unknown option 'temperature' for voice beep" in str(caught.value)
+        assert "keyword argument" not in str(caught.value)
     finally:
         synth.cache.close()
 

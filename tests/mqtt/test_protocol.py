@@ -74,6 +74,32 @@ def test_bad_payloads(payload: bytes, code: str, request_id: object) -> None:
     assert str(caught.value)
 
 
+@pytest.mark.parametrize(
+    ("payload", "words"),
+    [
+        (b'{"txt": "Dinner is ready"}', ["'txt'", "did you mean 'text'?"]),
+        (b'{"text": "hi", "Voice": "joe"}', ["'Voice'", "did you mean 'voice'?"]),
+        (b'{"text": "hi", "colour": "red"}', ["'colour'", "known fields: text, id, voice"]),
+    ],
+)
+def test_an_unknown_key_is_named_before_a_missing_text(payload: bytes, words: list[str]) -> None:
+    with pytest.raises(ProtocolError) as caught:
+        parse_say("kitchen", payload, LIMITS)
+    message = str(caught.value)
+    assert caught.value.code == "invalid_request"
+    assert "required" not in message
+    for word in words:
+        assert word in message
+
+
+def test_a_long_unknown_key_is_cut_short_in_the_message() -> None:
+    payload = json.dumps({"text": "hi", "k" * 500: 1}).encode()
+    with pytest.raises(ProtocolError) as caught:
+        parse_say("kitchen", payload, LIMITS)
+    assert "k" * 40 + "..." in str(caught.value)
+    assert "k" * 41 not in str(caught.value)
+
+
 def test_a_format_is_read_from_a_name_or_a_mapping() -> None:
     assert parse_say("k", b'{"text": "hi"}', LIMITS).format is None
     assert parse_say("k", b"plain text", LIMITS).format is None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 import re
@@ -170,6 +171,28 @@ def _first_error(error: ValidationError) -> str:
     if item["type"] == "missing":
         return f"field {where!r} is required"
     return f"field {where!r}: {item['msg']}"
+
+
+def _unknown_fields(keys: list[str]) -> str:
+    """'unknown field 'txt' (did you mean 'text'?)' for the first unknown key (a key is
+    user text: shown with repr and cut short), with the known fields when nothing is close."""
+    key = str(keys[0])
+    shown = repr(key if len(key) <= 40 else key[:40] + "...")
+    close = difflib.get_close_matches(key.lower(), list(SayPayload.model_fields), n=1)
+    if close:
+        return f"unknown field {shown} (did you mean {close[0]!r}?)"
+    return f"unknown field {shown}; known fields: {', '.join(SayPayload.model_fields)}"
+
+
+def _validate_payload(data: dict[str, Any], request_id: str | int | None) -> SayPayload:
+    unknown = [key for key in data if key not in SayPayload.model_fields]
+    if unknown:
+        # Named before anything else: {"txt": ...} is a misspelt key, not a missing text.
+        raise ProtocolError("invalid_request", _unknown_fields(unknown), request_id)
+    try:
+        return SayPayload.model_validate(data)
+    except ValidationError as exc:
+        raise ProtocolError("invalid_request", _first_error(exc), request_id) from None
 
 
 _BOM = "\ufeff"
@@ -341,10 +364,7 @@ def parse_say(target: str, payload: bytes, limits: LimitsSettings) -> SayRequest
     request_id: str | int | None = (
         raw_id if isinstance(raw_id, str | int) and not isinstance(raw_id, bool) else None
     )
-    try:
-        parsed = SayPayload.model_validate(data)
-    except ValidationError as exc:
-        raise ProtocolError("invalid_request", _first_error(exc), request_id) from None
+    parsed = _validate_payload(data, request_id)
     if isinstance(parsed.id, str) and not 0 < len(parsed.id) <= 128:
         raise ProtocolError("invalid_request", "field 'id' must have 1-128 characters")
     if isinstance(parsed.id, str) and not mqtt_safe(parsed.id):

@@ -225,12 +225,21 @@ class Synthesizer:
         fields: dict[str, Any] = {"speed": voice.settings.speed, **voice.settings.options}
         fields.update(overrides or {})
         kind = catalog.spec(voice.engine.name).options
+        names = [f.name for f in dataclasses.fields(kind) if f.init]
+        known = ", ".join(names)
+        unknown = [name for name in fields if name not in names]
+        if unknown:
+            # In the bridge's words, not the dataclass's "unexpected keyword argument".
+            raise RequestError(
+                "invalid_options",
+                f"unknown option {unknown[0]!r} for voice {voice.name}; "
+                f"{voice.engine.name} options are {known}",
+            )
         try:
             return kind(**fields)
-        except TypeError as exc:
-            known = ", ".join(f.name for f in dataclasses.fields(kind))
+        except TypeError:
             raise RequestError(
-                "invalid_options", f"{voice.engine.name} options are {known}: {exc}"
+                "invalid_options", f"{voice.engine.name} options are {known}, each a number"
             ) from None
         except ValueError as exc:
             raise RequestError("invalid_options", str(exc)) from None
