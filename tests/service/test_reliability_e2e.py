@@ -373,8 +373,16 @@ def test_wrong_password_is_refused_with_a_clear_log_line(
         while "refused the connection" not in bad.log_path.read_text(encoding="utf-8"):
             assert time.monotonic() < deadline, bad.log_tail()
             time.sleep(0.1)
+        # paho retries after 1 s and 2 s: those refusals are no new error lines, and the
+        # closed socket after each is not reported as a "Protocol error".
+        time.sleep(3.5)
         log = bad.log_path.read_text(encoding="utf-8")
         assert "Not authorized" in log or "Bad user name or password" in log, bad.log_tail()
+        assert "check mqtt.username/password (user 'bridge')" in log, bad.log_tail()
+        assert "refused the connection again" in log, bad.log_tail()  # it did retry
+        loud = [line for line in log.splitlines() if " ERROR " in line or " WARNING " in line]
+        assert sum("refused the connection" in line for line in loud) == 1, bad.log_tail()
+        assert not any("Protocol error" in line for line in loud), bad.log_tail()
         assert "wrong-password" not in log
         assert bad.running, "a refused bridge keeps retrying instead of crashing"
         bad.stop()

@@ -132,6 +132,20 @@ def configure_tls(client: mqtt.Client, settings: MqttSettings) -> None:
     client.tls_insecure_set(tls.insecure)
 
 
+_BAD_CREDENTIALS = (0x86, 0x87, 0x8C)
+"""MQTT 5 CONNACK reasons a login fixes: bad user name or password, not authorized, bad
+authentication method."""
+
+
+def _refusal_hint(reason_code: int, username: str | None) -> str:
+    """What to change for a refused connect, in the settings' own names."""
+    if reason_code not in _BAD_CREDENTIALS:
+        return ""
+    if username is None:
+        return ": the broker wants a login; set mqtt.username and mqtt.password"
+    return f": check mqtt.username/password (user {username!r})"
+
+
 class MqttConnection:
     """Connects, keeps reconnecting with backoff, and (re)subscribes on every connect.
 
@@ -170,6 +184,10 @@ class MqttConnection:
         client.on_connect_fail = self._handle_connect_fail
         client.on_publish = self._handle_publish
         self._last_failure: str | None = None
+        self._last_refusal: str | None = None
+        """The reason name of the last refused connect, logged once as an error."""
+        self._refused_connect = False
+        """The latest connect was refused (so its disconnect is no news)."""
         self._client = client
         # Publish results: callbacks by mid, and answers that came before publish() returned
         # (paho calls on_publish holding its own lock, so none of ours is held across publish).
@@ -327,13 +345,24 @@ class MqttConnection:
     ) -> None:
         try:
             if reason.is_failure:
+                self._refused_connect = True
+                name = reason.getName()
+                # paho retries every few seconds: the reason is an error once, and a debug
+                # line at each retry after that (until it changes or a connection succeeds).
+                if name == self._last_refusal:
+                    _LOGGER.debug("Broker refused the connection again: %s", name)
+                    return
+                self._last_refusal = name
                 _LOGGER.error(
-                    "Broker %s:%d refused the connection: %s",
+                    "Broker %s:%d refused the connection: %s%s; retrying",
                     self._settings.host,
                     self._settings.port,
-                    reason.getName(),
+                    name,
+                    _refusal_hint(reason.value, self._settings.username),
                 )
                 return
+            self._refused_connect = False
+            self._last_refusal = None
             self.connects += 1
             self._connected_at = time.monotonic()
             self.max_packet_size = getattr(properties, "MaximumPacketSize", None)
@@ -413,6 +442,11 @@ class MqttConnection:
                 time.monotonic() - self._connected_at if self._connected_at is not None else None
             )
             self._connected_at = None
+            if self._refused_connect:
+                # The refusal said why; paho's "Protocol error" for the closed socket would
+                # only mislead.
+                _LOGGER.debug("Disconnected after a refused connection: %s", reason.getName())
+                return
             if self._taken_over(reason, lasted):
                 return
             if reason.is_failure:
