@@ -213,7 +213,9 @@ class SayFrontEnd(MqttFrontEnd):
         if result.status is AcceptStatus.DONE and result.outcome is not None:
             _LOGGER.info("Request %s is a duplicate; answering from the journal", request.id)
             # The answer again, for whoever missed it; not a second event (nothing new happened).
-            self._outbox.answer("say", encode_json(result.outcome), reply)
+            # It says it is a repeat: an "ok" that spoke nothing now must not pass for a new one.
+            again = {**result.outcome, "duplicate": True}
+            self._outbox.answer("say", encode_json(again), reply)
         else:
             _LOGGER.info("Request %s is already being served; duplicate ignored", request.id)
         return None
