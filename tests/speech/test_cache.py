@@ -56,6 +56,18 @@ def test_round_trip_and_persistence(tmp_path: Path) -> None:
     assert stat.S_IMODE((tmp_path / "c").stat().st_mode) == 0o700
 
 
+def test_clear_reports_the_sentences_removed_not_internal_keys(tmp_path: Path) -> None:
+    cache = SentenceCache(CacheSettings(dir=tmp_path / "c", max_mb=8))
+    cache.put(_key("One."), _pcm(1), tier="quality", engine="piper:joe:abc")
+    cache.put(_key("Two."), _pcm(2), tier="quality", engine="piper:joe:abc")
+    assert cache.get(_key("One.")) is not None  # a hit: hit counters are stored as keys too
+    assert cache.get(_key("Three.")) is None  # a miss
+    assert cache.clear() == 2
+    assert cache.stats()["entries"] == 0 and cache.get(_key("One.")) is None
+    assert cache.clear() == 0
+    cache.close()
+
+
 def test_every_key_field_matters() -> None:
     base = _key().digest()
     variants = [

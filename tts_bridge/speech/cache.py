@@ -43,6 +43,8 @@ from tts_bridge.faults import FaultCondition
 
 _LOGGER = logging.getLogger(__name__)
 _FORMAT = 1  # bump when the stored layout changes; old entries are then simply missed
+_SENTENCE_PREFIX = "pcm:"
+"""Keys of sentence audio; the others are counters and per-entry hit counts."""
 _STATS_HITS = "stats:hits"
 _STATS_MISSES = "stats:misses"
 _DB_FILE = "cache.db"  # diskcache's index, one per cache folder
@@ -62,7 +64,7 @@ class CacheKey:
 
     def digest(self) -> str:
         blob = json.dumps([_FORMAT, *asdict(self).values()], ensure_ascii=False, default=str)
-        return "pcm:" + hashlib.sha256(blob.encode()).hexdigest()
+        return _SENTENCE_PREFIX + hashlib.sha256(blob.encode()).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -319,7 +321,7 @@ class SentenceCache:
         try:
             hits = int(self._peek(_STATS_HITS) or 0)
             misses = int(self._peek(_STATS_MISSES) or 0)
-            entries = sum(1 for k in self._cache.iterkeys() if str(k).startswith("pcm:"))
+            entries = self._sentence_entries()
             volume = int(self._cache.volume())
         except _STORAGE_ERRORS as exc:
             _LOGGER.debug("Cache statistics unreadable: %s", exc)
@@ -340,5 +342,16 @@ class SentenceCache:
         }
 
     def clear(self) -> int:
+        """Remove everything; returns how many sentences were cached (the hit counters and
+        other internal keys go too, but they are not entries a user would count)."""
         self.upgrades.clear()
-        return int(self._cache.clear(retry=True))
+        try:
+            sentences = self._sentence_entries()
+        except _STORAGE_ERRORS as exc:
+            _LOGGER.debug("Cache entries uncountable before clearing: %s", exc)
+            sentences = None
+        removed = int(self._cache.clear(retry=True))
+        return removed if sentences is None else min(sentences, removed)
+
+    def _sentence_entries(self) -> int:
+        return sum(1 for k in self._cache.iterkeys() if str(k).startswith(_SENTENCE_PREFIX))
