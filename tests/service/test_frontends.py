@@ -184,7 +184,7 @@ def test_bridge_api(services: Services) -> None:
     assert stats["data"]["entries"] == 1 and stats["transaction"] == "a"
     cleared = api(conn, "cache/clear")
     assert cleared["status"] == "ok" and cleared["_topic"] == f"{BASE}/bridge/response/cache/clear"
-    assert cleared["data"]["removed"] >= 1, cleared
+    assert cleared["data"]["removed"] == 1, "the one sentence, not the cache's own counters"
     assert api(conn, "cache/stats")["data"]["entries"] == 0
     queued = api(conn, "prerender", json.dumps({"phrases": ["One. Two."], "transaction": 1}))
     assert queued["data"]["queued_sentences"] == 2 and queued["transaction"] == 1
@@ -193,7 +193,13 @@ def test_bridge_api(services: Services) -> None:
     unknown = api(conn, "reboot_the_house", json.dumps({"transaction": "x"}))
     assert unknown["status"] == "error" and unknown["transaction"] == "x"
     assert unknown["code"] == "unknown_request" and "health_check" in unknown["error"]
-    assert unknown["_topic"] == f"{BASE}/bridge/response/error"
+    # Answered where the README says a client waits for it: on response/<name>.
+    assert unknown["_topic"] == f"{BASE}/bridge/response/reboot_the_house"
+    # A name that cannot be echoed safely (or whose topic has say answers) gets response/error.
+    for odd in ("say", "a" * 200, "x//y", "$SYS", "a/b/c/d/e"):
+        refused = api(conn, odd)
+        assert refused["code"] == "unknown_request", refused
+        assert refused["_topic"] == f"{BASE}/bridge/response/error", (odd, refused)
     bad = api(conn, "cache/stats", b"{oops")
     assert bad["status"] == "error" and bad["code"] == "invalid_json"
 

@@ -7,6 +7,7 @@ the network thread; they are not journaled (acked at once).
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -23,6 +24,23 @@ from tts_bridge.service.reports import Reports
 from tts_bridge.speech.synthesis import RequestError
 
 _LOGGER = logging.getLogger(__name__)
+
+_ECHOED_NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,32}(/[A-Za-z0-9_-]{1,32}){0,3}$")
+"""A request name short and plain enough to be answered on its own response topic: up to four
+levels, no empty or '$' level, at most 131 characters (the name comes from the client)."""
+
+
+_OTHER_ANSWERS = frozenset({"say"})
+"""Response topics that carry other answers (say answers go to response/say)."""
+
+
+def answer_name(name: str) -> str:
+    """The response topic's name for a request: its own name (known or not, as a client
+    waiting on response/<name> expects), or 'error' for a name that is not safe to echo or
+    whose topic carries other answers."""
+    if name in _OTHER_ANSWERS or not _ECHOED_NAME_RE.match(name):
+        return "error"
+    return name
 
 
 class ApiError(Exception):
@@ -101,7 +119,7 @@ class BridgeApi(MqttFrontEnd):
         except Exception as exc:
             _LOGGER.exception("Bridge request %s failed", name[:64])
             body = api_response("error", {}, transaction, type(exc).__name__, "internal_error")
-        self._outbox.answer(name if name in self.requests else "error", body, ReplyTo.of(message))
+        self._outbox.answer(answer_name(name), body, ReplyTo.of(message))
 
     def _prerender(self, args: dict[str, Any]) -> dict[str, Any]:
         phrases = args.get("phrases", args.get("value"))
