@@ -1,0 +1,171 @@
+"""The README's examples work when pasted: its "Try it" shell commands run as written against a
+private broker and a real bridge (only the broker's host and port are added), and its Node-RED
+flow is one Node-RED can import and that sends a fresh id each press."""
+
+from __future__ import annotations
+
+import json
+import re
+import struct
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.answers import parse_wav
+from tests.support.harness import REPO_ROOT, BridgeFactory, ProbeFactory, ReceivedMessage
+from tts_bridge.bench.localbroker import LocalBroker
+
+README = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+_MOSQUITTO_RE = re.compile(r"\b(mosquitto_(?:pub|sub|rr))\b")
+_SHELL_TIMEOUT_S = 240.0
+
+
+def _section(title: str) -> str:
+    start = README.index(f"\n## {title}\n")
+    end = README.find("\n## ", start + 1)
+    return README[start : end if end != -1 else None]
+
+
+def _blocks(section: str, language: str) -> list[str]:
+    return re.findall(rf"```{language}\n(.*?)```", section, re.S)
+
+
+def _mqtt_blocks() -> list[str]:
+    """The "Try it" shell blocks that talk to the broker (the others need no broker)."""
+    return [b for b in _blocks(_section("Try it"), "sh") if _MOSQUITTO_RE.search(b)]
+
+
+def _runnable(block: str, broker: LocalBroker) -> str:
+    """The block as a user pastes it, pointed at the test broker; players are not run."""
+    lines = [line for line in block.splitlines() if not line.lstrip().startswith("aplay ")]
+    script = "\n".join(lines)
+    return _MOSQUITTO_RE.sub(rf"\1 -h {broker.host} -p {broker.port}", script)
+
+
+def _run(script: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(
+        ["bash", "-eu", "-c", script],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=_SHELL_TIMEOUT_S,
+        check=False,
+    )
+    assert done.returncode == 0, f"{script}\nexit {done.returncode}\n{done.stdout}\n{done.stderr}"
+    return done
+
+
+def _exact_wav(path: Path) -> None:
+    """A whole WAV and nothing after it (mosquitto_sub without -N appends a newline)."""
+    data = path.read_bytes()
+    assert data[:4] == b"RIFF" and data[8:12] == b"WAVE", data[:16]
+    (riff_size,) = struct.unpack("<I", data[4:8])
+    extra = len(data) - riff_size - 8
+    assert extra == 0, f"{path.name}: {extra} bytes after the WAV"
+    assert parse_wav(data).duration_s > 0.3
+
+
+@pytest.mark.slow
+def test_try_it_examples_work_when_pasted(
+    tmp_path: Path, broker: LocalBroker, bridge_factory: BridgeFactory, probe_factory: ProbeFactory
+) -> None:
+    blocks = _mqtt_blocks()
+    assert len(blocks) >= 2, "the Try it section lost its MQTT examples"
+    bridge_factory()
+    probe = probe_factory("tts_bridge/bridge/response/say")
+    work = tmp_path / "pasted"
+    work.mkdir()
+
+    first = _run(_runnable(blocks[0], broker), work)
+    written = re.findall(r"> (\S+\.wav)", blocks[0])
+    assert written, "the first example records the audio"
+    for name in written:
+        _exact_wav(work / name)
+    # The block ends by printing the answer to the sentence asked for again: a cache hit.
+    answer = json.loads(first.stdout.strip().splitlines()[-1])
+    assert answer["status"] == "ok", answer
+    assert answer["data"]["cached"] is True, answer
+
+    for block in blocks[1:]:
+        since = probe.mark()
+        _run(_runnable(block, broker), work)
+        ids = re.findall(r'"id": "([^"]+)"', block)
+        for request_id in ids:
+
+            def is_answer(m: ReceivedMessage, rid: str = request_id) -> bool:
+                return bool(m.json()["id"] == rid)
+
+            found = probe.wait_for(
+                is_answer,
+                120,
+                since=since,
+                what=f"the answer to the README's {request_id}",
+            )
+            assert found.json()["status"] == "ok", found.json()
+
+
+# -- the Node-RED flow ---------------------------------------------------------------------------
+
+# The fields Node-RED's editor needs to place and wire each node of the flow, and the ones each
+# node type's own form (its defaults in Node-RED's node definitions) checks as valid.
+_FLOW_NODE_FIELDS = {"id", "type", "z", "x", "y", "wires"}
+_TYPE_FIELDS = {
+    "inject": {"name", "props", "repeat", "crontab", "once", "onceDelay", "topic", "payload"},
+    "mqtt out": {"name", "topic", "qos", "retain", "broker"},
+    "mqtt in": {"name", "topic", "qos", "datatype", "broker", "nl", "rap", "rh", "inputs"},
+    "debug": {"name", "active", "tosidebar", "console", "complete", "targetType"},
+}
+_BROKER_FIELDS = {"name", "broker", "port", "clientid", "usetls", "protocolVersion", "keepalive"}
+
+
+def _flow() -> list[dict[str, Any]]:
+    blocks = _blocks(_section("Node-RED"), "json")
+    assert len(blocks) == 1, "the Node-RED section has one flow"
+    flow = json.loads(blocks[0])
+    assert isinstance(flow, list)
+    return flow
+
+
+def test_node_red_flow_imports_cleanly() -> None:
+    flow = _flow()
+    by_id = {node["id"]: node for node in flow}
+    assert len(by_id) == len(flow), "node ids are unique"
+    tabs = {i for i, n in by_id.items() if n["type"] == "tab"}
+    brokers = {i for i, n in by_id.items() if n["type"] == "mqtt-broker"}
+    assert len(tabs) == 1 and len(brokers) == 1, flow
+    flow_nodes = [n for n in flow if n["id"] not in tabs | brokers]
+    assert {n["type"] for n in flow_nodes} == set(_TYPE_FIELDS)
+    places = set()
+    for node in flow_nodes:
+        missing = (_FLOW_NODE_FIELDS | _TYPE_FIELDS[node["type"]]) - set(node)
+        assert not missing, f"{node['id']} lacks {sorted(missing)}"
+        assert node["z"] in tabs, node
+        assert isinstance(node["x"], int) and isinstance(node["y"], int), node
+        places.add((node["x"], node["y"]))
+        for outputs in node["wires"]:
+            for target in outputs:
+                assert target in by_id and target not in tabs | brokers, (node["id"], target)
+        if node["type"].startswith("mqtt"):
+            assert node["broker"] in brokers, node
+    assert len(places) == len(flow_nodes), "nodes are not stacked on one spot"
+    (broker,) = (by_id[i] for i in brokers)
+    assert not _BROKER_FIELDS - set(broker), sorted(_BROKER_FIELDS - set(broker))
+    assert broker["protocolVersion"] == "5"
+    assert not {"x", "y", "wires"} & set(broker) and not broker.get("z"), "a config node"
+    mqtt_out = next(n for n in flow_nodes if n["type"] == "mqtt out")
+    assert mqtt_out["topic"] == "tts_bridge/say/kitchen"
+    mqtt_in = next(n for n in flow_nodes if n["type"] == "mqtt in")
+    assert mqtt_in["topic"] == "tts_bridge/bridge/response/say" and mqtt_in["datatype"] == "json"
+    inject = next(n for n in flow_nodes if n["type"] == "inject")
+    assert inject["wires"] == [[mqtt_out["id"]]]
+
+
+def test_node_red_inject_sends_a_fresh_id_each_press() -> None:
+    inject = next(n for n in _flow() if n["type"] == "inject")
+    # A fixed id would be answered from the journal as a duplicate and not spoken again.
+    assert inject["payloadType"] == "jsonata", "a fixed JSON payload repeats its id"
+    expression = inject["payload"]
+    assert re.search(r'"id"\s*:\s*[^,}]*\$millis\(\)', expression), expression
+    assert '"text"' in expression
