@@ -61,6 +61,15 @@ def say(probe: MqttProbe, text: str, request_id: str, target: str = "rel", **ext
     probe.publish(f"{BASE}/say/{target}", json.dumps({"text": text, "id": request_id, **extra}))
 
 
+def spoken(probe: MqttProbe, since: int, request_id: str) -> int:
+    """How many audio messages for ``request_id`` arrived from ``since`` on."""
+    return sum(
+        1
+        for m in probe.messages[since:]
+        if m.topic == f"{BASE}/audio/rel" and m.user_properties.get("id") == request_id
+    )
+
+
 def connects(bridge: RunningBridge) -> int:
     return bridge.log_path.read_text(encoding="utf-8").count("Connected to the broker")
 
@@ -108,10 +117,13 @@ def test_requests_sent_while_the_bridge_is_down_are_answered(
     probe.wait_for(
         lambda m: m.topic == RESPONSE and len(responses(probe, since)) >= 4, WAIT_S, since=since
     )
-    time.sleep(1.0)
-    counts = Counter(r["id"] for r in responses(probe, since))
+    # A marker sent now is answered after anything still queued (a duplicate included).
+    say(probe, "A marker after the queued ones.", "marker")
+    wait_answers(probe, ["marker"], since)
+    answers = [r for r in responses(probe, since) if r["id"] != "marker"]
+    counts = Counter(r["id"] for r in answers)
     assert all(n == 1 for n in counts.values()), counts
-    assert len(counts) == 4 and all(r["status"] == "ok" for r in responses(probe, since))
+    assert len(counts) == 4 and all(r["status"] == "ok" for r in answers)
 
 
 def test_bridge_killed_after_receipt_answers_exactly_once(
@@ -139,7 +151,7 @@ def test_bridge_killed_after_receipt_answers_exactly_once(
     assert counts["crash-1"] == 1, counts
     assert "Resuming 1 unfinished request" in restarted.log_path.read_text(encoding="utf-8")
     # A client that repeats the same id and text is answered from the journal, not spoken again.
-    audio_before = sum(1 for m in probe.messages[since:] if m.topic == f"{BASE}/audio/rel")
+    audio_before = spoken(probe, since, "crash-1")
     say(probe, long_text, "crash-1", cache=False)
     probe.wait_for(
         lambda m: (
@@ -149,9 +161,11 @@ def test_bridge_killed_after_receipt_answers_exactly_once(
         WAIT_S,
         since=since,
     )
-    time.sleep(0.5)
-    audio_after = sum(1 for m in probe.messages[since:] if m.topic == f"{BASE}/audio/rel")
-    assert audio_after == audio_before, "a duplicate must not be spoken again"
+    # Audio of a duplicate would come before the answer to a marker sent after it.
+    say(probe, "A marker after the duplicate.", "marker-2")
+    wait_answers(probe, ["marker-2"], since)
+    assert spoken(probe, since, "marker-2") == 1  # audio carries its request's id
+    assert spoken(probe, since, "crash-1") == audio_before, "a duplicate must not be spoken again"
 
 
 def test_audio_larger_than_the_broker_allows(
@@ -338,7 +352,10 @@ def test_tls_with_a_generated_ca(tmp_path: Path, bridge_factory: BridgeFactory) 
         wrong = bridge_factory(
             _wait_online=False, mqtt={"tls": {"enabled": True, "ca_file": str(other_ca)}}
         )
-        time.sleep(3)
+        deadline = time.monotonic() + WAIT_S
+        while "CERTIFICATE_VERIFY_FAILED" not in wrong.log_path.read_text(encoding="utf-8"):
+            assert time.monotonic() < deadline, wrong.log_tail()
+            time.sleep(0.1)
         log = wrong.log_path.read_text(encoding="utf-8")
         assert "Connected to the broker" not in log
         assert "CERTIFICATE_VERIFY_FAILED" in log, wrong.log_tail()
