@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -155,3 +156,20 @@ def test_voices_table_has_a_header_languages_and_fast_voices(tmp_path: Path) -> 
     assert joe[:3] == ["*", "joe", "piper"]
     assert "en" in joe
     assert joe[joe.index("Hz") + 1] == "heart", "joe's fast voice"
+
+
+@pytest.mark.parametrize("debug", [False, True])
+def test_numba_compiler_passes_stay_out_of_the_log(debug: bool) -> None:
+    from tts_bridge.cli.main import _setup_logging
+
+    root = logging.getLogger()
+    saved = root.level, list(root.handlers), logging.getLogger("numba").level
+    try:
+        _setup_logging(None, debug)
+        assert logging.getLogger("numba.core.ssa").getEffectiveLevel() == logging.WARNING
+        wanted = logging.DEBUG if debug else logging.INFO
+        assert logging.getLogger("tts_bridge.service").getEffectiveLevel() == wanted
+    finally:
+        root.setLevel(saved[0])
+        root.handlers[:] = saved[1]
+        logging.getLogger("numba").setLevel(saved[2])

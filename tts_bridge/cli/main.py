@@ -52,6 +52,9 @@ def _setup_logging(settings: Settings | None, debug: bool) -> None:
     if not debug:  # paho and piper are chatty at DEBUG; keep them quiet unless asked
         for noisy in ("piper", "hibari"):
             logging.getLogger(noisy).setLevel(logging.WARNING)
+    # numba logs its compiler's every pass at DEBUG (megabytes per ChatTTS load): nothing about
+    # the bridge a --debug reader wants.
+    logging.getLogger("numba").setLevel(logging.WARNING)
 
 
 def _flag_overrides(args: argparse.Namespace) -> dict[str, Any]:
