@@ -395,10 +395,19 @@ def test_the_status_page_escapes_what_it_shows() -> None:
             "voices": {"a&b": {"engine": "piper", "description": "<script>x</script>"}},
         },
         {"queue_depth": 2, "cache_hit_rate": 0.5, "tier_in_use": "<i>"},
-        10200,
+        status_page.wyoming_state(enabled=True, serving=True, port=10200),
     )
     assert "<script>" not in page and "<b>bridge</b>" not in page and "<i>" not in page
     assert "&lt;script&gt;x&lt;/script&gt;" in page
     assert "<td>a&amp;b (default)</td>" in page
     assert "<td>50%</td>" in page and "<td>2</td>" in page
     assert "Wyoming: port 10200" in page
+
+
+def test_the_status_page_says_when_the_wyoming_port_could_not_be_opened() -> None:
+    assert status_page.wyoming_state(enabled=False, serving=False, port=10200) == "off"
+    assert status_page.wyoming_state(enabled=True, serving=True, port=10200) == "port 10200"
+    state = status_page.wyoming_state(enabled=True, serving=False, port=10200)
+    assert "not listening" in state and "10200" in state
+    page = status_page.render("bridge", {}, {}, state)
+    assert "Wyoming: not listening" in page

@@ -467,6 +467,32 @@ def test_unknown_events_are_ignored(running: Running) -> None:
 # -- zeroconf and settings -------------------------------------------------------------------
 
 
+def test_a_taken_port_is_logged_and_shown_not_served(
+    settings: Settings, synth: Synthesizer, caplog: pytest.LogCaptureFixture
+) -> None:
+    from tts_bridge.service import status_page
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        busy = settings.model_copy(
+            update={"wyoming": settings.wyoming.model_copy(update={"port": port})}
+        )
+        router = TierRouter(600_000, 0.7)
+        pipeline = Pipeline(busy, synth, Scheduler(1, 4), router, IdleWork(busy, synth), Counters())
+        server = WyomingServer(busy, pipeline)
+        with caplog.at_level("ERROR", logger="tts_bridge.service.wyoming"):
+            server.start()
+        try:
+            assert not server.serving
+            assert f"cannot listen on 127.0.0.1:{port}" in caplog.text
+            state = status_page.wyoming_state(True, server.serving, port)
+            assert state.startswith("not listening")
+        finally:
+            server.stop()
+
+
 def test_announcement_record() -> None:
     settings = WyomingSettings(host="192.0.2.10", port=10300, zeroconf_name="kitchen_bridge")
     info = announcement(settings)

@@ -236,12 +236,15 @@ def build(
         lambda: bridge.faults() if bridge else {},
         configuration_url=lambda: status_url(audio_server),
     )
+    wyoming = WyomingServer(settings, pipeline)
     if audio_server is not None:
         audio_server.status_page = lambda: status_page.render(
             discovery.DEVICE_NAME,
             reports.info(),
             reports.health(),
-            settings.wyoming.port if settings.wyoming.enabled else None,
+            status_page.wyoming_state(
+                settings.wyoming.enabled, wyoming.serving, settings.wyoming.port
+            ),
         )
     api = BridgeApi(settings, outbox, pipeline, reports, preferences)
     # The MQTT front ends, in dispatch order (each owns distinct topics); a new one goes here.
@@ -257,7 +260,7 @@ def build(
         open_journal=lambda: open_journal(settings),
     )
     # Front ends with their own listeners (Wyoming, HTTP) go here, built with the pipeline.
-    servers: list[Server] = [WyomingServer(settings, pipeline)]
+    servers: list[Server] = [wyoming]
     if audio_server is not None:
         servers.append(audio_server)
     return Service(

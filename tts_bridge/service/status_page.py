@@ -32,10 +32,10 @@ def render(
     name: str,
     info: Mapping[str, Any],
     health: Mapping[str, Any],
-    wyoming_port: int | None,
+    wyoming: str,
 ) -> str:
     """The page from the bridge's info and health reports (`Reports.info()`, `.health()`);
-    `wyoming_port` None when the Wyoming server is off."""
+    `wyoming` says what the Wyoming server does (`wyoming_state`)."""
     version = str(info.get("version", ""))
     default_voice = str(info.get("default_voice", ""))
     voices: Mapping[str, Mapping[str, Any]] = info.get("voices") or {}
@@ -56,7 +56,6 @@ def render(
         for label, key, unit in _HEALTH_ROWS
         if key in health
     )
-    wyoming = f"port {wyoming_port}" if wyoming_port is not None else "off"
     return (
         "<!DOCTYPE html>\n"
         '<html lang="en"><head><meta charset="utf-8">'
@@ -70,6 +69,16 @@ def render(
         f"<h2>Health</h2>\n<table>{health_rows}</table>\n"
         "</body></html>\n"
     )
+
+
+def wyoming_state(enabled: bool, serving: bool, port: int) -> str:
+    """The Wyoming line of the page: the port only while the server really listens on it, so a
+    port taken by another program shows here and not only in the log."""
+    if not enabled:
+        return "off"
+    if serving:
+        return f"port {port}"
+    return f"not listening (port {port} could not be opened; see the log)"
 
 
 def _value(key: str, value: Any) -> str:
