@@ -3,14 +3,12 @@ a free loopback port, a fake MQTT connection, and real HTTP requests for the ans
 
 from __future__ import annotations
 
-import http.client
 import io
 import json
 import logging
 import socket
 from collections.abc import Iterator
 from typing import Any
-from urllib.parse import urlsplit
 
 import numpy as np
 import numpy.typing as npt
@@ -29,26 +27,13 @@ from tests.service.test_say import (
 )
 from tests.support.answers import assert_error, parse_wav
 from tests.support.fake import BASE, FakeConnection, Services, props
+from tests.support.web import fetch
 from tts_bridge.mqtt.client import OutgoingMessage
 
 # PubSubClient on an ESP32 takes MQTT messages up to 64 KiB (its buffer, header included).
 ESP32_LIMIT = 64 * 1024
 # A normal announcement: about four seconds of joe, whose WAV alone is well over 64 KiB.
 SENTENCE = "The washing machine has finished, and the laundry is ready to hang up."
-
-
-def fetch(
-    url: str, method: str = "GET", headers: dict[str, str] | None = None
-) -> tuple[int, dict[str, str], bytes]:
-    parts = urlsplit(url)
-    assert parts.hostname == "127.0.0.1", f"a test URL must be on loopback: {url}"
-    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=10)
-    try:
-        conn.request(method, parts.path, headers=headers or {})
-        response = conn.getresponse()
-        return response.status, dict(response.getheaders()), response.read()
-    finally:
-        conn.close()
 
 
 def decode(data: bytes) -> tuple[npt.NDArray[np.float64], int, str]:

@@ -4,7 +4,6 @@ path tricks, expiry, stable URLs and concurrent requests."""
 from __future__ import annotations
 
 import html
-import http.client
 import io
 import json
 import os
@@ -22,6 +21,7 @@ import pytest
 import soundfile
 
 from tests.support.fake import BASE, Services, body
+from tests.support.web import raw_request
 from tts_bridge.config import HttpSettings, load_settings
 from tts_bridge.formats import AudioFormat
 from tts_bridge.service import app, status_page
@@ -62,17 +62,7 @@ def server(tmp_path: Path, clock: Clock) -> Iterator[AudioServer]:
 def _request(
     server: AudioServer, method: str, target: str, headers: dict[str, str] | None = None
 ) -> tuple[int, dict[str, str], bytes]:
-    """One request with the target sent exactly as given (no client-side normalization)."""
-    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
-    try:
-        conn.putrequest(method, target, skip_accept_encoding=True)
-        for name, value in (headers or {}).items():
-            conn.putheader(name, value)
-        conn.endheaders()
-        response = conn.getresponse()
-        return response.status, dict(response.getheaders()), response.read()
-    finally:
-        conn.close()
+    return raw_request(server.port, method, target, headers)
 
 
 def _path(url: str) -> str:

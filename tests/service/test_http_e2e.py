@@ -7,15 +7,14 @@ and asks for a byte range as Sonos and Cast do, and decodes what it got.
 
 from __future__ import annotations
 
-import http.client
 import io
 import json
-from urllib.parse import urlsplit
 
 import pytest
 import soundfile
 
 from tests.support.harness import BridgeFactory, MqttProbe, ProbeFactory, ReceivedMessage
+from tests.support.web import fetch
 
 pytestmark = pytest.mark.slow
 
@@ -23,20 +22,6 @@ BASE = "tts_bridge"
 RESPONSE = f"{BASE}/bridge/response/say"
 WAIT_S = 60.0
 TEXT = "The washing machine has finished, and the laundry is ready to hang up."
-
-
-def _request(
-    url: str, method: str = "GET", headers: dict[str, str] | None = None
-) -> tuple[int, dict[str, str], bytes]:
-    parts = urlsplit(url)
-    assert parts.hostname == "127.0.0.1", f"a test bridge's URL must be on loopback: {url}"
-    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=10)
-    try:
-        conn.request(method, parts.path, headers=headers or {})
-        response = conn.getresponse()
-        return response.status, dict(response.getheaders()), response.read()
-    finally:
-        conn.close()
 
 
 def _answer(probe: MqttProbe, target: str, request_id: str) -> tuple[dict[str, object], bytes]:
@@ -70,7 +55,7 @@ def test_an_answers_url_plays_with_get_head_and_ranges(
     data, wav = _answer(probe, "kitchen", "k1")
     assert soundfile.info(io.BytesIO(wav)).format == "WAV"
     url = str(data["url"])
-    status, headers, whole = _request(url)
+    status, headers, whole = fetch(url)
     assert status == 200, bridge.log_tail()
     assert headers["Content-Type"] == "audio/mpeg"
     assert headers["Accept-Ranges"] == "bytes"
@@ -79,12 +64,12 @@ def test_an_answers_url_plays_with_get_head_and_ranges(
     assert (rate, audio.shape[1]) == (44100, 1)
     assert abs(audio.shape[0] / rate * 1000 - float(str(data["duration_ms"]))) <= 1
 
-    status, headers, body = _request(url, "HEAD")
+    status, headers, body = fetch(url, "HEAD")
     assert (status, body) == (200, b"")
     assert int(headers["Content-Length"]) == len(whole)
     assert headers["Content-Type"] == "audio/mpeg"
 
-    status, headers, body = _request(url, headers={"Range": "bytes=100-1099"})
+    status, headers, body = fetch(url, headers={"Range": "bytes=100-1099"})
     assert status == 206
     assert body == whole[100:1100]
     assert headers["Content-Range"] == f"bytes 100-1099/{len(whole)}"
@@ -104,7 +89,7 @@ def test_an_answers_url_plays_with_get_head_and_ranges(
     message = link.json()
     assert message["url"] == data["url"] and message["id"] == "e1"
     assert len(link.payload) < 1024
-    status, _, body = _request(message["url"])
+    status, _, body = fetch(message["url"])
     assert status == 200
     assert soundfile.info(io.BytesIO(body)).format == "MP3"
     assert bridge.running
