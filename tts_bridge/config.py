@@ -263,9 +263,11 @@ class VoiceSettings(_Section):
     default speaker."""
     spk_emb_sha256: str | None = None
     """SHA-256 of spk_emb: a one-character change would silently be another voice."""
-    precision: Literal["int8", "fp32", "int4"] = "int8"
+    precision: Literal["int8", "fp32", "int4", "int8-all"] = "int8"
     """chattts-onnx only: which graphs of the export to run (after `models quantize`: int8;
-    int4 after `models quantize --int4`, smaller but less faithful: for boards short of memory)."""
+    int4 after `models quantize --int4`, smaller but less faithful: for boards short of memory;
+    int8-all after `models quantize --int8-all`: the decoder and Vocos in INT8 too, about
+    110 MB less memory at some cost in the waveform)."""
     backend: Literal["auto", "torch", "onnx"] = "auto"
     """chattts only: auto = the FP32 graphs of an ONNX export of this checkpoint when one exists
     (`models export`), else torch; onnx = require the export; torch = always torch."""

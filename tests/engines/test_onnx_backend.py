@@ -501,3 +501,42 @@ def test_models_quantize_int4_makes_a_voice_with_precision_int4_speak(
     pool.ensure_loaded(voice.engine)
     (audio,) = voice.engine.synthesize("你好。", voice.speaker, ChatTTSOptions(seed=3))
     assert np.isfinite(audio).all() and audio.size > 0
+
+
+def test_models_quantize_int8_all_makes_a_voice_with_precision_int8_all_speak(
+    copied: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`models quantize --int8-all NAME` (on an FP32-only export: the INT8 GPT is made too),
+    then a chattts-onnx voice with precision int8-all is built by the pool and speaks."""
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        yaml.safe_dump({"models": {"dir": str(copied)}, "cache": {"dir": str(tmp_path / "c")}}),
+        encoding="utf-8",
+    )
+    args = ["models", "quantize", "chattts-onnx", "--config", str(config)]
+    assert main([*args, "--int4", "--int8-all"]) == 2  # one variant per run
+    assert main([*args, "--int8-all"]) == 0
+    out = capsys.readouterr().out
+    assert "gpt.int8.onnx" in out and "decoder_stream.int8.onnx" in out
+    settings = load_settings(
+        None,
+        {
+            "models": {"dir": str(copied)},
+            "cache": {"dir": str(tmp_path / "cache")},
+            "synthesis": {"onnx_threads": 1},
+            "voices": {
+                "lean": {"engine": "chattts-onnx", "model": "chattts-onnx", "precision": "int8-all"}
+            },
+            "default_voice": "lean",
+            "voices_file": str(tmp_path / "voices.yaml"),
+        },
+        environ={},
+    )
+    pool = EnginePool(settings)
+    voice = pool.voice("lean")
+    assert isinstance(voice.engine, ChatTTSOnnxEngine)
+    assert voice.engine.precision == "int8-all" and ":int8-all:" in voice.engine.identity
+    pool.ensure_loaded(voice.engine)  # verified against the re-recorded model manifest
+    (audio,) = voice.engine.synthesize("你好。", voice.speaker, ChatTTSOptions(seed=3))
+    assert np.isfinite(audio).all() and audio.size > 0
+    pool.unload_all()

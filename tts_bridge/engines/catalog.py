@@ -46,7 +46,7 @@ class EngineContext:
 
     model: Path
     """The model: the voice's (resolved under models.dir) or the engine's bundled one."""
-    precision: Literal["int8", "fp32", "int4"]
+    precision: Literal["int8", "fp32", "int4", "int8-all"]
     """The voice's precision (engines with one set of weights ignore it)."""
     expected: Mapping[str, str] | None
     """Expected SHA-256 per file from the model manifests; None when no manifest knows it."""

@@ -216,7 +216,7 @@ class EnginePool:
         self,
         kind: str,
         model: Path | None,
-        precision: Literal["int8", "fp32", "int4"],
+        precision: Literal["int8", "fp32", "int4", "int8-all"],
         *,
         variant: str = "",
     ) -> Engine:

@@ -189,12 +189,12 @@ class ChatTTSOnnxEngine(ChatTTSEngineBase[_Loaded]):
         self.verify()
         manifest = read_manifest(self._folder)
         graphs = precision_files(manifest, self._precision)
-        quantization = manifest.get("quantization") or {}
-        if (
-            self._precision == "int8"
-            and quantization.get("weight_type") == "qint8"
-            and not cpu_has_vnni()
-        ):
+        # int8-all runs int8's GPT and its own INT8 decoder and Vocos: both records count.
+        records = {"int8": ("quantization",), "int8-all": ("quantization", "int8_all_quantization")}
+        weight_types = {
+            (manifest.get(key) or {}).get("weight_type") for key in records.get(self._precision, ())
+        }
+        if "qint8" in weight_types and not cpu_has_vnni():
             _LOGGER.warning(
                 "%s: QInt8 weights on a CPU without VNNI can saturate and garble the audio; "
                 "re-quantize on this machine (tts-bridge models quantize)",

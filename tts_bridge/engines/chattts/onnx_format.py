@@ -31,6 +31,7 @@ __all__ = [
     "HEAD_TEXT_FILE",
     "HOMOPHONES_FILE",
     "MANIFEST_FILE",
+    "QUANTIZED_PRECISIONS",
     "SPK_STAT_NAME",
     "STREAM_GRAPHS",
     "STREAM_PADS_KEY",
@@ -79,7 +80,10 @@ COMMON_FILES = (
 )
 """Files every precision uses; the graphs per precision are listed in the manifest."""
 
-Precision = Literal["fp32", "int8", "int4"]
+Precision = Literal["fp32", "int8", "int4", "int8-all"]
+QUANTIZED_PRECISIONS: tuple[Precision, ...] = ("int8", "int4", "int8-all")
+"""The variants ``tts-bridge models quantize`` makes (``int8-all``: the decoder and Vocos in
+INT8 too, see ``quantize.quantize_int8_all``)."""
 GRAPHS = ("gpt", "decoder", "vocos")
 STREAM_GRAPHS = ("decoder_stream", "vocos_stream")
 """Optional roles (exports before them stream with ``StreamingDecoder``'s windows). When an
@@ -144,7 +148,10 @@ def precision_files(manifest: Mapping[str, Any], precision: str) -> dict[str, st
     variants: Mapping[str, Any] = manifest["variants"]
     graphs = variants.get(precision)
     if not isinstance(graphs, dict) or not set(GRAPHS) <= set(graphs):
-        hint = " (run: tts-bridge models quantize)" if precision in ("int8", "int4") else ""
+        flag = {"int4": " --int4", "int8-all": " --int8-all"}.get(precision, "")
+        hint = (
+            f" (run: tts-bridge models quantize{flag})" if precision in QUANTIZED_PRECISIONS else ""
+        )
         raise EngineError(f"this export has no {precision} variant{hint}")
     roles = GRAPHS + STREAM_GRAPHS if set(STREAM_GRAPHS) <= set(graphs) else GRAPHS
     return {role: str(graphs[role]) for role in roles}

@@ -28,6 +28,17 @@ INT8's (the bench reports the agreement), and only real weights can say whether 
 * **Block 128, accuracy level 4.** Level 4 multiplies with int8 activations (the VNNI path);
   without it the 4-bit graph was slower than INT8. Block 32 reads 18 % more bytes (more scales)
   and was slower than 128 in the same run.
+
+``quantize_int8_all`` adds an optional ``int8-all`` variant for a process that must stay small:
+the INT8 GPT of ``int8`` plus the decoder and Vocos the engine loads (the streaming graphs) with
+INT8 MatMul weights, about 110 MB less resident memory at full size. Nearly all of those two
+graphs' weights are the ConvNeXt blocks' pointwise MatMuls, so this is the same dynamic
+quantization as the GPT's (MatMul only, per tensor, the weight type by CPU); it also decoded
+faster than FP32. Its cost is in the waveform, measured against FP32 on the same hidden states
+(the README has the figures), and in streaming: the activations' scales are taken per call, so
+the pieces of a streamed text no longer equal its one-shot audio bit for bit, only to within
+that same error. Weight-only 8-bit blocks (``MatMulNBits`` with float activations) would keep
+streaming exact, but decoded slower than FP32. ``int8`` itself is unchanged.
 """
 
 from __future__ import annotations
@@ -43,6 +54,7 @@ from tts_bridge.engines.chattts.onnx_format import (
     COMMON_FILES,
     GRAPHS,
     HEAD_TEXT_FILE,
+    STREAM_GRAPHS,
     cpu_has_vnni,
     external_data_path,
     precision_files,
@@ -205,6 +217,68 @@ def quantize_int4(
         "accuracy_level": accuracy_level,
         "symmetric": True,
         "graphs": ["gpt"],
+    }
+    written.append(write_manifest(dest, files, variants=variants, extra=extra))
+    return written
+
+
+def quantize_int8_all(dest: Path, weight_type: WeightType = "auto") -> list[Path]:
+    """Add the ``int8-all`` variant: ``int8``'s GPT (made first when the export has none) and
+    INT8 MatMul weights in the streaming decoder and Vocos, which the engine loads for every
+    decode (``decoder_stream.int8.onnx``, ``vocos_stream.int8.onnx``). Returns the files
+    written, the manifest last; the FP32 files are left as they are.
+
+    An export without the streaming graphs is refused: its windowed streaming measures the
+    decoders' reach by how NaN spreads, and INT8 activations (one scale per call) spread a NaN
+    over every frame."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    written: list[Path] = []
+    manifest = read_manifest(dest)
+    if not set(STREAM_GRAPHS) <= set(precision_files(manifest, "fp32")):
+        raise EngineError(
+            f"{dest}: no streaming decoder graphs to quantize; export the model again first"
+        )
+    if "int8" not in manifest["variants"]:
+        written += quantize_onnx(dest)[:-1]
+        manifest = read_manifest(dest)
+    fp32 = precision_files(manifest, "fp32")
+    variant = {**fp32, "gpt": precision_files(manifest, "int8")["gpt"]}
+    chosen = resolve_weight_type(weight_type)
+    roles = list(STREAM_GRAPHS)
+    for role in roles:
+        source = dest / fp32[role]
+        target = dest / int8_name(fp32[role])
+        external_data_path(target).unlink(missing_ok=True)
+        quantize_dynamic(
+            source,
+            target,
+            op_types_to_quantize=["MatMul", "Gemm"],  # the convolutions stay FP32 (module docs)
+            weight_type=QuantType.QInt8 if chosen == "qint8" else QuantType.QUInt8,
+            use_external_data_format=True,
+        )
+        _LOGGER.info(
+            "Quantized %s -> %s (%s weights, %.1f -> %.1f MB)",
+            source.name,
+            target.name,
+            chosen,
+            _size(source) / 1e6,
+            _size(target) / 1e6,
+        )
+        variant[role] = target.name
+        written += [target, external_data_path(target)]
+    files = _all_files(manifest, [p.relative_to(dest).as_posix() for p in written])
+    variants = {**manifest["variants"], "int8-all": variant}
+    extra = {k: v for k, v in manifest.items() if k not in ("files", "variants")}
+    extra["int8_all_quantization"] = {
+        "method": "onnxruntime.quantization.quantize_dynamic",
+        "weight_type": chosen,
+        "requested_weight_type": weight_type,
+        "quantized_on_vnni_cpu": cpu_has_vnni(),
+        "per_channel": False,
+        "reduce_range": False,
+        "graphs": roles,
+        "gpt": variant["gpt"],
     }
     written.append(write_manifest(dest, files, variants=variants, extra=extra))
     return written
