@@ -103,7 +103,8 @@ def test_combined_bench_on_the_tiny_checkpoint(
     printed = capsys.readouterr().out
     assert not report["checkpoint"]["built"]  # the checkpoint in OUT/checkpoint is used as is
     manifest = json.loads((tmp_path / "onnx" / "manifest.json").read_text(encoding="utf-8"))
-    assert set(manifest["variants"]) == {"fp32", "int8", "int4"}  # exported and quantized once
+    # exported and quantized once
+    assert set(manifest["variants"]) == {"fp32", "int8", "int4", "int8-all"}
     assert json.loads((tmp_path / "results.json").read_text(encoding="utf-8")) == report
     assert f"{TOKENS} tokens per text" in printed
     assert "random weights: speed and memory are real, sound is not" in printed
@@ -131,8 +132,9 @@ def test_combined_bench_on_the_tiny_checkpoint(
     assert sizes["onnx-int8"]["gpt_mb"] < sizes["onnx-fp32"]["gpt_mb"]
 
     targets = report["targets"]
-    # tokens/s, RTF, batch gain, peak RSS at batch 1 and 4, the floor, first audio
-    assert len(targets) == 7
+    # tokens/s, RTF, batch gain, peak RSS at batch 1 and 4 (int8 and int8-all), the floor,
+    # first audio
+    assert len(targets) == 9
     floors = {(f["case"], f["batch"]): f for f in report["floors"]}
     assert set(floors) == {(c, b) for c in ONNX_CASES for b in batches}
     assert all(f["x floor"] > 0 and f["floor ms"] > 0 for f in floors.values())
@@ -142,6 +144,11 @@ def test_combined_bench_on_the_tiny_checkpoint(
     assert set(fidelity) == {"onnx-int8", "onnx-int4"}
     assert all(0 < f["top1_agreement"] <= 1 for f in fidelity.values())
     assert fidelity["onnx-int8"]["max_abs_logit_diff"] > 0
+    # The INT8 decoder and Vocos are compared with FP32's on the same hidden states.
+    (codec,) = report["codec_fidelity"]
+    assert codec["case"] == "onnx-int8-all" and codec["tokens"] == TOKENS
+    assert 0 < codec["snr_db"] < 200 and 0 < codec["streamed_snr_db"] < 200
+    assert "INT8 decoder and Vocos (int8-all)" in printed
     for row in rows:
         if row["case"] in ONNX_CASES and "first_audio_ms" in row:
             parts = row["first_audio_parts"]
@@ -273,3 +280,19 @@ def test_cli_and_onnx_alias_run_the_combined_bench(
     (cli_args, cli_kwargs), (alias_args, alias_kwargs) = calls
     assert cli_args == (tmp_path / "out", 20, [1, 4]) and cli_kwargs["rounds"] == 3
     assert alias_args == (tmp_path / "onnx-out", 7, [1]) and alias_kwargs["cases"] == ONNX_CASES
+
+
+def test_int8_all_rows_are_held_to_the_peak_rss_targets_under_their_name() -> None:
+    rows = [
+        _row("onnx-int8-all", 1, peak_rss_mb=420.0),
+        _row("onnx-int8-all", 4, peak_rss_mb=610.0),
+        _row("onnx-int4", 1, peak_rss_mb=400.0),
+    ]
+
+    results = {t["target"]: t["result"] for t in evaluate_targets(rows)}
+
+    peak = {k: v for k, v in results.items() if "peak RSS" in k}
+    assert peak == {
+        "ONNX INT8 torch-free process peak RSS <= 450 MB (batch 1, int8-all)": "PASS",
+        "ONNX INT8 torch-free process peak RSS <= 600 MB (batch 4, int8-all)": "MISS",
+    }

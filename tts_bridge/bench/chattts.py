@@ -92,9 +92,12 @@ LLAMA_VOCAB_SIZE = 32000
 """The official gpt/config.json keeps LlamaConfig's default; ChatTTS deletes that embedding."""
 PRECISIONS = ("fp32", "int8")
 TORCH_CASES = ("torch-fp32", "torch-int8")
-ONNX_CASES = ("onnx-fp32", "onnx-int8", "onnx-int4")
+ONNX_CASES = ("onnx-fp32", "onnx-int8", "onnx-int8-all", "onnx-int4")
 QUANTIZED_CASES = ("onnx-int8", "onnx-int4")
-"""Their GPT logits are compared with FP32's (top-1 agreement) in a child of their own."""
+"""Their GPT logits are compared with FP32's (top-1 agreement) in a child of their own
+(int8-all runs int8's GPT; its own difference is the decoder's, in ``codec_fidelity``)."""
+PEAK_RSS_CASES = ("onnx-int8", "onnx-int8-all")
+"""The cases held to the peak RSS targets: the INT8 GPT with FP32 or INT8 decoders."""
 CASES = (*TORCH_CASES, *ONNX_CASES)
 WARMUP_TOKENS = 4
 CHILD_TIMEOUT_S = 3600
@@ -656,13 +659,14 @@ def evaluate_targets(
     else:
         gain = four["tokens_per_s"] / one["tokens_per_s"]
         targets.append((name, f"{gain:.2f}x", gain >= TARGET_BATCH_GAIN))
-    for row in (r for r in rows if r["case"] == "onnx-int8"):
+    for row in (r for r in rows if r["case"] in PEAK_RSS_CASES):
         peak, torch_free = row["peak_rss_mb"], not row["torch_imported"]
         limit = TARGET_PEAK_RSS_MB.get(row["batch"], max(TARGET_PEAK_RSS_MB.values()))
         figure = f"{peak:.0f} MB, " + ("torch-free" if torch_free else "torch imported")
+        variant = "" if row["case"] == "onnx-int8" else f", {row['case'].removeprefix('onnx-')}"
         targets.append(
             (
-                f"torch-free process peak RSS <= {limit:g} MB (batch {row['batch']})",
+                f"torch-free process peak RSS <= {limit:g} MB (batch {row['batch']}{variant})",
                 figure,
                 torch_free and peak <= limit,
             )
@@ -744,9 +748,26 @@ def measure_fidelity(
     ]
 
 
+def codec_fidelity(
+    export: Path, cases: Sequence[str], threads: int, tokens: int
+) -> list[dict[str, Any]]:
+    """The INT8 decoder and Vocos against FP32's (the waveform's SNR), in a child process,
+    when ``onnx-int8-all`` is measured."""
+    if "onnx-int8-all" not in cases:
+        return []
+    spec = {"export": str(export), "threads": threads, "tokens": tokens}
+    return [
+        run_child(
+            "tts_bridge.bench.onnx_backends",
+            ["--codec-fidelity", json.dumps(spec)],
+            timeout=CHILD_TIMEOUT_S,
+        )
+    ]
+
+
 def _precision(case: str) -> Precision:
     precision = case.removeprefix("onnx-")
-    if precision not in ("fp32", "int8", "int4"):
+    if precision not in ("fp32", "int8", "int4", "int8-all"):
         raise ValueError(f"not an ONNX case: {case}")
     return cast("Precision", precision)
 
@@ -819,9 +840,11 @@ def run_chattts_bench(
     report["checkpoint"]["dims"] = asdict(dims)
     if any(case in ONNX_CASES for case in cases) and not _onnx_ready(export, cases):
         print(f"exporting to ONNX and quantizing in {export} ...", file=sys.stderr)
-        int4 = "int4" if "onnx-int4" in cases else "no-int4"
+        extra = [c.removeprefix("onnx-") for c in ("onnx-int4", "onnx-int8-all") if c in cases]
         report["export"] = run_child(
-            __name__, ["export", str(checkpoint), str(export), int4], timeout=CHILD_TIMEOUT_S
+            __name__,
+            ["export", str(checkpoint), str(export), ",".join(extra) or "none"],
+            timeout=CHILD_TIMEOUT_S,
         )
 
     runs: list[dict[str, Any]] = []
@@ -855,7 +878,10 @@ def run_chattts_bench(
                             timeout=CHILD_TIMEOUT_S,
                         )
                     runs.append({**row, "round": round_})
-    report["fidelity"] = measure_fidelity(export, cases, threads, tokens)
+    report["fidelity"], report["codec_fidelity"] = (
+        measure_fidelity(export, cases, threads, tokens),
+        codec_fidelity(export, cases, threads, tokens),
+    )
     rows = combine_rounds(runs)
     sections = report["checkpoint"]["official_sections"]
     full_size = len(sections) == 5
@@ -943,6 +969,16 @@ def format_report(report: dict[str, Any]) -> str:
                 ["case", "tokens", "top1_agreement", "max_abs_logit_diff"],
             ),
         ]
+    if report.get("codec_fidelity"):
+        lines += [
+            "",
+            "INT8 decoder and Vocos (int8-all) against FP32's on the same hidden states, the "
+            "waveform's SNR (one shot, and streamed in the engine's pieces):",
+            _table(
+                report["codec_fidelity"],
+                ["case", "tokens", "snr_db", "streamed_snr_db", "max_abs_diff"],
+            ),
+        ]
     full_size = report["note"] == NOTE
     lines += ["", "targets" + (":" if full_size else ", set for the full-size model:")]
     lines.append(_table(report["targets"], ["target", "figure", "result"]))
@@ -972,7 +1008,11 @@ def _child_main(argv: list[str]) -> int:
         result["official_sections"] = official_sections(checkpoint)
     elif argv[:1] == ["export"] and len(argv) == 4:
         from tts_bridge.engines.chattts.onnx_format import MANIFEST_FILE, read_manifest
-        from tts_bridge.engines.chattts.quantize import quantize_int4, quantize_onnx
+        from tts_bridge.engines.chattts.quantize import (
+            quantize_int4,
+            quantize_int8_all,
+            quantize_onnx,
+        )
 
         checkpoint, export = Path(argv[1]), Path(argv[2])
         started = time.perf_counter()
@@ -983,8 +1023,11 @@ def _child_main(argv: list[str]) -> int:
         exported = time.perf_counter()
         if "int8" not in read_manifest(export)["variants"]:
             quantize_onnx(export)
-        if argv[3] == "int4" and "int4" not in read_manifest(export)["variants"]:
+        extra = set(argv[3].split(","))  # the optional variants: int4, int8-all (or none)
+        if "int4" in extra and "int4" not in read_manifest(export)["variants"]:
             quantize_int4(export)
+        if "int8-all" in extra and "int8-all" not in read_manifest(export)["variants"]:
+            quantize_int8_all(export)
         result = {
             "export_s": round(exported - started, 1),
             "quantize_s": round(time.perf_counter() - exported, 1),
@@ -994,7 +1037,7 @@ def _child_main(argv: list[str]) -> int:
     else:
         print(
             "usage: python -m tts_bridge.bench.chattts checkpoint DEST HIDDEN LAYERS\n"
-            "       python -m tts_bridge.bench.chattts export CHECKPOINT DEST int4|no-int4\n"
+            "       python -m tts_bridge.bench.chattts export CHECKPOINT DEST int4,int8-all|none\n"
             "       python -m tts_bridge.bench.chattts measure SPEC_JSON",
             file=sys.stderr,
         )

@@ -8,6 +8,7 @@ onnxruntime, numpy and ``tokenizers`` only, and the torch-free parts of the proj
 Run as a script, it is the combined bench restricted to the ONNX cases::
 
     python -m tts_bridge.bench.onnx_backends OUT_DIR [--tokens 200] [--batches 1 4] [--rounds 1]
+        [--cases onnx-int8 onnx-int8-all]
 
 Building and exporting the checkpoint (once, kept in OUT_DIR) needs the 'chattts' extra plus
 onnx and onnxscript; the measurements need onnxruntime, numpy and tokenizers only.
@@ -180,6 +181,56 @@ def measure_fidelity(spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def measure_codec_fidelity(spec: dict[str, Any]) -> dict[str, Any]:
+    """The INT8 decoder and Vocos (``int8-all``) against FP32's (``int8``) on the same hidden
+    states: the waveform's SNR, one shot and streamed in the engine's pieces.
+
+    The hidden states are one generation of the INT8 GPT (EOS blocked), shared by both
+    variants, so only the decoders differ. On random weights an indicator only: ChatTTS's
+    decoder starts with its residual branches scaled by 1e-6, so its own error hardly shows.
+    """
+    import numpy as np
+
+    from tts_bridge.engines.chattts.onnx_engine import STREAM_CHUNK_CODES
+    from tts_bridge.engines.chattts.onnx_format import precision_files, read_manifest
+    from tts_bridge.engines.chattts.onnx_model import (
+        ChatTTSOnnxModel,
+        SamplingParams,
+        code_prompt,
+    )
+
+    export, threads, tokens = Path(spec["export"]), int(spec["threads"]), int(spec["tokens"])
+    manifest = read_manifest(export)
+    reference = ChatTTSOnnxModel(export, precision_files(manifest, "int8"), threads=threads)
+    tested = ChatTTSOnnxModel(export, precision_files(manifest, "int8-all"), threads=threads)
+    prompt = reference.encode(
+        [code_prompt(reference.cleaner(FIDELITY_TEXT), SPEED_LEVEL, True)], None
+    )
+    params = SamplingParams(min_new_token=tokens, max_new_token=tokens)
+    (result,) = reference.generate(prompt, params, seed=0)
+    want, got = reference.decode(result.hiddens), tested.decode(result.hiddens)
+    decoder, pieces, count = tested.stream_decoder(), [], 0
+    for size in STREAM_CHUNK_CODES:
+        if count + size >= tokens:
+            break
+        count += size
+        pieces.append(decoder.push(result.hiddens[:count]))
+    pieces.append(decoder.push(result.hiddens, final=True))
+    streamed = np.concatenate(pieces)
+
+    def snr_db(ref: Any, other: Any) -> float:
+        noise = float(np.sum((ref.astype(np.float64) - other) ** 2))
+        return round(10 * float(np.log10(float(np.sum(ref.astype(np.float64) ** 2)) / noise)), 1)
+
+    return {
+        "case": "onnx-int8-all",
+        "tokens": tokens,
+        "snr_db": snr_db(want, got),
+        "streamed_snr_db": snr_db(want, streamed),
+        "max_abs_diff": round(float(np.abs(want - got).max()), 5),
+    }
+
+
 def times_at_first_chunk(
     chunks: Iterator[Any], model: Any, into: dict[str, float]
 ) -> Iterator[Any]:
@@ -231,6 +282,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
         print(json.dumps(measure_onnx(json.loads(args[1]))))
         return 0
+    if args[:1] == ["--codec-fidelity"] and len(args) == 2:
+        logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+        print(json.dumps(measure_codec_fidelity(json.loads(args[1]))))
+        return 0
     if args[:1] == ["--fidelity"] and len(args) == 2:
         logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
         print(json.dumps(measure_fidelity(json.loads(args[1]))))
@@ -244,6 +299,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 4])
     parser.add_argument("--rounds", type=int, default=1, help="interleaved rounds (best kept)")
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument(
+        "--cases", nargs="+", choices=ONNX_CASES, default=list(ONNX_CASES), help="ONNX cases to run"
+    )
     parser.add_argument(
         "--spinning",
         choices=("on", "off"),
@@ -259,7 +317,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         options.tokens,
         options.batches,
         rounds=options.rounds,
-        cases=ONNX_CASES,
+        cases=tuple(case for case in ONNX_CASES if case in options.cases),
         threads=options.threads,
         spinning=options.spinning == "on",
     )
