@@ -121,6 +121,8 @@ def test_combined_bench_on_the_tiny_checkpoint(
     for row in rows:
         if row["case"] in ONNX_CASES:
             assert row["gpt_ms_per_step"] > 0 and row["sampling_ms_per_step"] >= 0
+            # Memory by stage: VmHWM only grows.
+            assert row["peak_rss_loaded_mb"] <= row["peak_rss_generated_mb"] <= row["peak_rss_mb"]
         if "first_audio_ms" in row:
             assert 0 < row["first_audio_ms"] <= row["sentence_ms"]
             # The forced code count held (a sample or two may be dropped as silence).

@@ -81,7 +81,8 @@ def step_floors(
                 "batch": row["batch"],
                 "weights MB/step": round(weight_bytes[case] / 1e6, 1),
                 "KV MB/step (mean)": row.get("kv_mb_per_step_mean", ""),
-                "floor ms": round(floor_ms, 2),
+                # Three significant digits: a tiny model's floor is far below 0.01 ms.
+                "floor ms": float(f"{floor_ms:.3g}"),
                 "GPT ms/step": step_ms,
                 "x floor": round(step_ms / floor_ms, 2),
             }

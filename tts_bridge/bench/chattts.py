@@ -575,6 +575,8 @@ HIGHEST = (
     "rss_ready_mb",
     "rss_in_use_mb",
     "peak_rss_mb",
+    "peak_rss_loaded_mb",
+    "peak_rss_generated_mb",
     "loadavg_start",
     "loadavg_end",
 )
@@ -595,6 +597,15 @@ TABLE_COLUMNS = {
     "torch_imported": "torch imported",
 }
 """Printed columns: result field -> heading."""
+
+MEMORY_COLUMNS = {
+    "rss_loaded_mb": "RSS loaded",
+    "peak_rss_loaded_mb": "peak at load",
+    "peak_rss_generated_mb": "peak after the code loop",
+    "rss_in_use_mb": "RSS after decoding",
+    "peak_rss_mb": "peak (with first audio)",
+}
+"""The ONNX rows' memory by stage: result field -> heading."""
 
 TARGET_TOKENS_PER_S = 80.0
 TARGET_RTF = 0.65
@@ -937,6 +948,18 @@ def format_report(report: dict[str, Any]) -> str:
         for r in report["file_sizes"]
     ]
     lines.append(_table(sizes, ["case", "files MB", "GPT MB", "what"]))
+    memory = [
+        {
+            "case": r["case"],
+            "batch": r["batch"],
+            **{heading: r[key] for key, heading in MEMORY_COLUMNS.items() if key in r},
+        }
+        for r in report["results"]
+        if "peak_rss_loaded_mb" in r
+    ]
+    if memory:
+        lines += ["", "where the peak RSS (MB) is set, per stage (VmRSS now, VmHWM so far):"]
+        lines.append(_table(memory, ["case", "batch", *MEMORY_COLUMNS.values()]))
     bandwidth = report["bandwidth"]
     lines += [
         "",

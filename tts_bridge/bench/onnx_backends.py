@@ -36,7 +36,7 @@ from tts_bridge.bench.chattts import (
     WARMUP_TOKENS,
     result_row,
 )
-from tts_bridge.bench.util import patched, rss_mb, time_first_chunk
+from tts_bridge.bench.util import patched, peak_rss_mb, rss_mb, time_first_chunk
 
 if TYPE_CHECKING:
     from tts_bridge.engines.chattts.onnx_format import Precision
@@ -67,7 +67,8 @@ def measure_onnx(spec: dict[str, Any]) -> dict[str, Any]:
     started = time.perf_counter()
     engine.load()  # verifies every file's SHA-256 against the export's manifest
     load_s = time.perf_counter() - started
-    rss_loaded = rss_mb()
+    # Where the peak comes from: a load-time transient would show as a peak above the RSS here.
+    rss_loaded, peak_loaded = rss_mb(), peak_rss_mb()
     # As in the torch bench: the engine sizes each generation from the text, so the code loop is
     # driven on the loaded model with a fixed count; the speaker is the engine's default one
     # (sampled before the graphs loaded, as the engine does it).
@@ -86,6 +87,7 @@ def measure_onnx(spec: dict[str, Any]) -> dict[str, Any]:
     started = time.perf_counter()
     results = model.generate(prompt, params, seed=0)
     loop_s = time.perf_counter() - started
+    peak_generated = peak_rss_mb()  # the KV cache at its longest, before the decode
     times = model.times
     if any(r.hiddens.shape[0] != tokens for r in results):
         raise RuntimeError(
@@ -127,6 +129,8 @@ def measure_onnx(spec: dict[str, Any]) -> dict[str, Any]:
             "spinning": bool(spec.get("spinning", True)),
             "samples_per_text": int(audio[0].size),
             "rss_loaded_mb": round(rss_loaded, 1),
+            "peak_rss_loaded_mb": round(peak_loaded, 1),
+            "peak_rss_generated_mb": round(peak_generated, 1),
             "rss_in_use_mb": round(rss_in_use, 1),
             **({"first_audio_parts": at_first} if at_first else {}),
         },
