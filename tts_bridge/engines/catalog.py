@@ -56,6 +56,8 @@ class EngineContext:
     """The onnxruntime session options every ONNX engine of the pool gets."""
     on_loader: Callable[[Callable[[], Any]], Any]
     """Runs a function on the pool's loader thread (normal priority) and returns its result."""
+    early_start: bool = True
+    """Streaming engines that can: start with approximate audio (synthesis.chattts_early_start)."""
 
 
 def check_model_file(

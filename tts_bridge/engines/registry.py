@@ -236,7 +236,13 @@ class EnginePool:
                 path = spec.bundled_model()
             expected = self.expected(path)
             context = EngineContext(
-                path, precision, expected, self._hasher.sha256, self.session, self.on_loader
+                path,
+                precision,
+                expected,
+                self._hasher.sha256,
+                self.session,
+                self.on_loader,
+                early_start=self.settings.synthesis.chattts_early_start,
             )
             engine = spec.build(context)
             self._engines[key] = engine

@@ -284,7 +284,9 @@ class Synthesizer:
         no audio, or none after its last piece. With `on_part`, an engine's optional
         `synthesize_stream` (same arguments and chunks as `synthesize`, but yielding audio
         while it is generated, each piece followed by an empty chunk when more will follow, so
-        that no piece waits for the next) is used instead of `synthesize`.
+        that no piece waits for the next) is used instead of `synthesize`. A stream that starts
+        with approximate audio returns the exact audio at its end (ChatTTS ONNX's early start):
+        that is what the sentence is, and what is cached; the parts were sent as they came.
         """
         key = self._key(voice, text, options)
         if use_cache:
@@ -323,9 +325,15 @@ class Synthesizer:
             if is_speakable(spoken)
             else _no_audio()
         )
+        exact: FloatAudio | None = None
         try:
             with contextlib.closing(generation):
-                for chunk in generation:
+                while True:
+                    try:
+                        chunk = next(generation)
+                    except StopIteration as done:
+                        exact = done.value
+                        break
                     chunks.append(chunk)
                     if held is not None:
                         release(held, last=False)
@@ -339,6 +347,8 @@ class Synthesizer:
             return self.sentence(voice, index, text, options, use_cache, on_part=on_part)
         release(held if held is not None else np.zeros(0, dtype=np.float32), last=True)
         elapsed = time.perf_counter() - started
+        if exact is not None:
+            chunks = [exact]
         pcm = audio.to_pcm16(np.concatenate(chunks)) if chunks else audio.silence(1, 0)
         self.estimator.observe(voice.engine.name, voice.engine.identity, len(text), elapsed)
         self.stats.add(voice.engine.identity, elapsed, pcm.size / voice.engine.sample_rate)
@@ -348,15 +358,17 @@ class Synthesizer:
 
     def _synthesize(
         self, voice: Voice, spoken: str, options: SynthesisOptions, *, stream: bool
-    ) -> Generator[FloatAudio, None, None]:
-        """The engine's chunks; whatever goes wrong in the engine as EngineError (an error of
-        the caller's, between chunks, is not the engine's and passes unchanged)."""
+    ) -> Generator[FloatAudio, None, FloatAudio | None]:
+        """The engine's chunks, and what its stream returns (see `sentence`); whatever goes
+        wrong in the engine as EngineError (an error of the caller's, between chunks, is not
+        the engine's and passes unchanged)."""
         engine = voice.engine
         streaming = getattr(engine, "synthesize_stream", None) if stream else None
         synthesize = streaming or engine.synthesize
         try:
             self.engines.ensure_loaded(engine)  # normally a no-op: `sentence` loaded it
-            yield from synthesize(spoken, voice.speaker, options)
+            result: FloatAudio | None = yield from synthesize(spoken, voice.speaker, options)
+            return result
         except EngineError:
             raise
         except Exception as exc:  # an engine bug must fail one request, not the bridge
@@ -477,7 +489,8 @@ class Synthesizer:
         `on_sentence` sees each sentence once it is complete. `on_part` sees the audio as it
         is made, as the request's stream messages (`StreamNumbering`): one per sentence, or
         several for an engine that streams within a sentence; joined, they are the rendering's
-        audio (`volume` aside)."""
+        audio (`volume` aside), but for the approximate start of a stream that has one (see
+        `sentence`): the rendering has the exact audio."""
         options = self.options_for_plan(voice, plan)
         sample_rate = voice.engine.sample_rate
         pause = self._pause(sample_rate)
@@ -592,6 +605,7 @@ class Synthesizer:
         return [results[index] for index in range(len(texts))]
 
 
-def _no_audio() -> Generator[FloatAudio, None, None]:
+def _no_audio() -> Generator[FloatAudio, None, FloatAudio | None]:
     """An engine's generation of a text with nothing to say."""
     yield from ()
+    return None

@@ -473,11 +473,12 @@ def _whole(probe: MqttProbe, target: str, since: int) -> npt.NDArray[np.int16]:
 def bridge(
     export: Path, bridge_factory: BridgeFactory, probe_factory: ProbeFactory
 ) -> Iterator[MqttProbe]:
-    """A bridge with a chattts-onnx voice on the tiny export, and a probe on every topic."""
+    """A bridge with a chattts-onnx voice on the tiny export, and a probe on every topic; its
+    streams are exact (no early start: tests/engines/chattts/test_early_start.py has that)."""
     running = bridge_factory(
         voices={"door": {"engine": "chattts-onnx", "model": str(export), "precision": "int8"}},
         default_voice="door",
-        synthesis={"onnx_threads": THREADS},
+        synthesis={"onnx_threads": THREADS, "chattts_early_start": False},
         scheduler={"idle_enabled": False},
     )
     probe = probe_factory(f"{BASE}/#")

@@ -87,6 +87,7 @@ def _backends(pool: EnginePool) -> VoiceFactory:
 
 
 def _build_onnx(context: EngineContext) -> Engine:
+    from tts_bridge.engines.chattts.onnx_early import EarlyStart
     from tts_bridge.engines.chattts.onnx_engine import ChatTTSOnnxEngine
 
     # The only engine that takes the whole session plan: spinning and the arena too.
@@ -99,6 +100,7 @@ def _build_onnx(context: EngineContext) -> Engine:
         spinning=context.session.spinning,
         hasher=context.sha256,
         on_loader=context.on_loader,
+        early_start=EarlyStart() if context.early_start else None,
     )
 
 

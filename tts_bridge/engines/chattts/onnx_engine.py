@@ -17,13 +17,15 @@ from __future__ import annotations
 import functools
 import gc
 import logging
+import math
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from tts_bridge.engines.base import EngineError, FloatAudio, SynthesisOptions, Tier
 from tts_bridge.engines.chattts.common import (
@@ -35,6 +37,7 @@ from tts_bridge.engines.chattts.common import (
     read_spk_stat_file,
     strip_control_tags,
 )
+from tts_bridge.engines.chattts.onnx_early import EarlyReport, EarlyStart, EarlyStream
 from tts_bridge.engines.chattts.onnx_format import (
     CONFIG_FILE,
     SPK_STAT_NAME,
@@ -45,7 +48,7 @@ from tts_bridge.engines.chattts.onnx_format import (
     read_manifest,
 )
 from tts_bridge.engines.chattts.onnx_model import ChatTTSOnnxModel, SamplingParams, code_prompt
-from tts_bridge.engines.chattts.onnx_stream import StatefulStreamingDecoder
+from tts_bridge.engines.chattts.onnx_stream import StatefulStreamingDecoder, StreamingDecoder
 from tts_bridge.engines.chattts.refine import TextRefiner, engine_params
 from tts_bridge.engines.chattts.speaker import (
     DEFAULT_SPEAKER_SEED,
@@ -117,6 +120,9 @@ class ChatTTSOnnxEngine(ChatTTSEngineBase[_Loaded]):
     model pool's loader thread); the refine pass's session, made on first use, is created
     there: onnxruntime's worker threads keep the nice value of the thread that creates them,
     and the first refine may come from the niced idle thread. None: the calling thread.
+    ``early_start`` starts a stream with approximate audio before its first samples are final
+    (``onnx_early``; the configuration's ``synthesis.chattts_early_start``); None streams exact
+    pieces only, which joined equal the one-shot audio.
     """
 
     name = "chattts-onnx"
@@ -137,6 +143,7 @@ class ChatTTSOnnxEngine(ChatTTSEngineBase[_Loaded]):
         default_speaker: str | None = None,
         hasher: Callable[[Path], str] = sha256_file,
         on_loader: Callable[[Callable[[], Any]], Any] | None = None,
+        early_start: EarlyStart | None = None,
     ) -> None:
         super().__init__(
             folder,
@@ -150,6 +157,10 @@ class ChatTTSOnnxEngine(ChatTTSEngineBase[_Loaded]):
         self._arena = arena
         self._spinning = spinning
         self._on_loader = on_loader or (lambda make: make())
+        self._early_start = early_start
+        self.last_early_start: EarlyReport | None = None
+        """What the early start of the last streamed generation did (None: it had none; no
+        previews: its pieces were all exact)."""
 
     # -- metadata --------------------------------------------------------------------------
 
@@ -252,7 +263,7 @@ class ChatTTSOnnxEngine(ChatTTSEngineBase[_Loaded]):
 
     def synthesize_stream(
         self, text: str, speaker: str | None, options: SynthesisOptions
-    ) -> Iterator[FloatAudio]:
+    ) -> Generator[FloatAudio, None, FloatAudio | None]:
         """``synthesize``, streaming: each generation yields its audio in pieces while the codes
         are generated (``STREAM_CHUNK_CODES``), each piece the samples no later code can change
         (see ``StatefulStreamingDecoder`` and ``StreamingDecoder``). Joined, the pieces are
@@ -266,26 +277,43 @@ class ChatTTSOnnxEngine(ChatTTSEngineBase[_Loaded]):
         (each piece decodes only its own frames). Exports without them decode each piece's
         context again (streaming a sentence then costs a multiple of decoding it whole), so the
         synthesizer uses this only for streamed requests.
+
+        With an early start (``early_start``) the first pieces of a generation are approximate
+        (``EarlyStream``) and the rest exact; the generator then returns the exact audio of
+        the whole text (what ``synthesize`` gives, up to float rounding), decoded on the way,
+        for whoever keeps it (the sentence cache). Without approximate pieces it returns None:
+        the pieces joined are that audio.
         """
         chosen = self._options(options)
         if speaker is not None:
             self.validate_speaker(speaker)
         texts = self.generations(text, chosen)
+        exact: list[FloatAudio] = []
+        approximate = False
         for number, chunk in enumerate(texts):
-            for audio, more in self._stream(chunk, speaker, chosen):
+            stream = self._stream(chunk, speaker, chosen, exact)
+            for audio, more in stream:
                 if audio.size:
                     yield audio
                     if more or number < len(texts) - 1:
                         yield np.zeros(0, dtype=np.float32)
+            report = self.last_early_start
+            approximate |= report is not None and report.previews > 0
+        if not approximate:
+            return None
+        return np.concatenate(exact) if exact else np.zeros(0, dtype=np.float32)
 
     def _stream(
-        self, text: str, speaker: str | None, chosen: ChatTTSOptions
+        self, text: str, speaker: str | None, chosen: ChatTTSOptions, exact: list[FloatAudio]
     ) -> Iterator[tuple[FloatAudio, bool]]:
         """One generation of one text (from ``generations``): (audio, more follows) as the
-        samples become final.
+        samples become final, or earlier with an early start; the generation's exact audio
+        (filtered, when not empty) is appended to ``exact`` at the end, and
+        ``last_early_start`` says whether the pieces were approximate.
 
         Holds the engine's lock until the generation ends (or the iterator is closed).
         """
+        self.last_early_start = None
         spoken = [text]
         params, budgets = self._sampling(spoken, chosen)
         with self._lock:
@@ -307,6 +335,10 @@ class ChatTTSOnnxEngine(ChatTTSEngineBase[_Loaded]):
                     if isinstance(decoder, StatefulStreamingDecoder)
                     else WINDOWED_CHUNK_CODES
                 )
+                early = self._early(decoder, schedule)
+                if early is not None:
+                    yield from self._stream_early(early, steps, exact)
+                    return
                 sizes = iter(schedule)
                 emitted = 0
                 due = next(sizes) * SAMPLES_PER_CODE
@@ -327,6 +359,49 @@ class ChatTTSOnnxEngine(ChatTTSEngineBase[_Loaded]):
                 raise
             except Exception as exc:  # onnxruntime's errors have no common public base class
                 raise EngineError(f"ChatTTS ONNX failed on {short(spoken[0])}: {exc}") from exc
+        yield audible(audio), False
+
+    def _early(
+        self, decoder: StatefulStreamingDecoder | StreamingDecoder, schedule: Sequence[int]
+    ) -> EarlyStream | None:
+        """The early start for this generation, when there is one and it starts sooner than
+        the first exact piece would (with little lookahead, exact pieces come soon enough)."""
+        early = self._early_start
+        if early is None or not isinstance(decoder, StatefulStreamingDecoder):
+            return None
+        if early.first_codes >= schedule[0] + math.ceil(decoder.lookahead_codes):
+            return None
+        return EarlyStream(decoder, early, schedule, sample_rate=self.sample_rate)
+
+    def _stream_early(
+        self,
+        early: EarlyStream,
+        steps: Generator[tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]], None, list[Any]],
+        exact: list[FloatAudio],
+    ) -> Iterator[tuple[FloatAudio, bool]]:
+        """``_stream``'s loop with an early start (call inside its lock and error handling)."""
+        while True:
+            try:
+                counts, hiddens = next(steps)
+            except StopIteration as done:
+                (result,) = done.value
+                break
+            audio = early.push(hiddens[0, : int(counts[0])])
+            if audio.size:
+                yield audible(audio), True
+        audio = early.finish(result.hiddens)
+        whole = audible(early.exact)
+        if whole.size:
+            exact.append(whole)
+        self.last_early_start = early.report
+        _LOGGER.debug(
+            "ChatTTS ONNX, early start: first piece after %d codes, %d previews, %d "
+            "approximate samples at %.1f dB against the exact audio",
+            early.report.first_codes,
+            early.report.previews,
+            early.report.approximate,
+            early.report.snr_db if early.report.snr_db is not None else math.nan,
+        )
         yield audible(audio), False
 
     def synthesize_batch(

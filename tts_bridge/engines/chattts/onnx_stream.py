@@ -181,6 +181,19 @@ class _OverlapAdd:
             return self._window.size + self._hop * (2 * codes - 1) - self._half if codes else 0
         return self._frames_done * self._hop
 
+    @property
+    def emitted(self) -> int:
+        """Output samples returned so far."""
+        return self._emitted - self._half
+
+    def _scratch(self) -> _OverlapAdd:
+        """A copy whose overlap-add does not touch this one's buffers."""
+        copy = object.__new__(_OverlapAdd)
+        copy.__dict__.update(self.__dict__)
+        copy._signal = self._signal.copy()
+        copy._envelope = self._envelope.copy()
+        return copy
+
     def _take(self, limit: int) -> FloatAudio:
         if limit <= self._emitted:
             return np.zeros(0, dtype=np.float32)
@@ -344,18 +357,30 @@ class StreamState:
             not self._started and self._pending_frames <= self.stage.delay
         ):
             return None
-        if not self._pending:  # a flush with nothing new: only the right padding is decoded
-            width = self.stage.channels[0] * self.stage.frames_per_input
-            joined = np.zeros((1, width, 0), dtype=np.float32)
-        elif len(self._pending) == 1:
-            joined = self._pending[0]
-        else:
-            joined = np.concatenate(self._pending, axis=2)
-        outputs, self._caches = self.stage.run(np.ascontiguousarray(joined), self._caches, final)
+        outputs, self._caches = self.stage.run(self._joined(self._pending), self._caches, final)
         self._pending = []
         self._pending_frames = 0
         self._started = True
         return outputs
+
+    def peek(self, data: npt.NDArray[np.float32] | None) -> list[npt.NDArray[np.float32]] | None:
+        """The outputs a final push of ``data`` would give now (as if the text ended after
+        it: the layers' right zero padding), leaving this state as it is; None if nothing was
+        ever fed. The graphs are functions of their cache inputs, so the caches are shared."""
+        if self._done:
+            raise EngineError("this stream has already been flushed")
+        pending = [*self._pending, data] if data is not None and data.shape[2] else self._pending
+        if not self._started and not pending:
+            return None
+        outputs, _ = self.stage.run(self._joined(pending), self._caches, True)
+        return outputs
+
+    def _joined(self, pending: list[npt.NDArray[np.float32]]) -> npt.NDArray[np.float32]:
+        if not pending:  # a flush with nothing new: only the right padding is decoded
+            width = self.stage.channels[0] * self.stage.frames_per_input
+            return np.zeros((1, width, 0), dtype=np.float32)
+        joined = pending[0] if len(pending) == 1 else np.concatenate(pending, axis=2)
+        return np.ascontiguousarray(joined)
 
 
 class StatefulStreamingDecoder(_OverlapAdd):
@@ -397,3 +422,21 @@ class StatefulStreamingDecoder(_OverlapAdd):
                 magnitude, phase = spectrum
                 self._overlap(magnitude[0], phase[0])
         return self._take(self._limit(codes, final))
+
+    def preview(self, hiddens: npt.NDArray[np.float32]) -> FloatAudio:
+        """The audio from ``emitted`` on as if the text ended after ``hiddens`` (every state
+        so far): both stacks flushed on copies of their state, the spectrum overlap-added into
+        a copy of the ISTFT buffer. Nothing of this decoder changes; the samples near the end
+        are approximate (they miss the codes still to come), those farther back close to final.
+        """
+        codes = hiddens.shape[0]
+        if not codes:
+            return np.zeros(0, dtype=np.float32)
+        new = np.ascontiguousarray(hiddens[self._fed :].T[None, :, :], dtype=np.float32)
+        mel = self._decoder.peek(new)
+        spectrum = self._vocos.peek(mel[0] if mel is not None else None)
+        scratch = self._scratch()
+        if spectrum is not None:
+            magnitude, phase = spectrum
+            scratch._overlap(magnitude[0], phase[0])
+        return scratch._take(scratch._limit(codes, True))
