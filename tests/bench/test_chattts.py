@@ -156,6 +156,11 @@ def test_combined_bench_on_the_tiny_checkpoint(
             parts = row["first_audio_parts"]
             assert parts["prefill_ms"] > 0 and 1 <= parts["codes"] <= FIRST_AUDIO_CODES
             assert parts["prefill_ms"] + parts["codes_ms"] <= row["first_audio_ms"]
+            # With the early start (the default) and without, its deviation by context.
+            assert parts["codes"] < parts["exact_codes"] and parts["previews"] >= 1
+            assert parts["exact_prefill_ms"] + parts["exact_codes_ms"] <= parts["exact_ms"]
+            assert parts["snr_db"] is not None and parts["approximate_ms"] > 0
+            assert len(row["early_snr_by_context"]) > 1
     assert all(t["result"] in ("PASS", "MISS") for t in targets)
     assert all(t["target"] in printed and t["figure"] in printed for t in targets)
 

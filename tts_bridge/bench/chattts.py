@@ -978,9 +978,22 @@ def format_report(report: dict[str, Any]) -> str:
         lines += [
             "",
             "first streamed audio, where its time went: the prefill step, the codes made before "
-            "the first piece is final (GPT steps after the prefill + sampling), the rest (text, "
-            "prompt, the first piece's decode):",
+            "the first piece is sent (GPT steps after the prefill + sampling), the rest (text, "
+            "prompt, the first piece's decode); with the early start (approximate_ms of audio "
+            "from previews, their SNR against the exact audio) and without it (exact_*):",
             _table(parts, list(parts[0])),
+        ]
+    contexts = [
+        {"case": r["case"], **{f"L={k}": v for k, v in r["early_snr_by_context"].items()}}
+        for r in report["results"]
+        if r.get("early_snr_by_context")
+    ]
+    if contexts:
+        lines += [
+            "",
+            "early start: SNR (dB) of the first piece's codes against the exact audio, by the "
+            "codes of right-hand context it waits for (random weights: an indicator only):",
+            _table(contexts, list(contexts[0])),
         ]
     if report["fidelity"]:
         lines += [

@@ -54,7 +54,7 @@ def measure_onnx(spec: dict[str, Any]) -> dict[str, Any]:
     importlib.import_module("onnxruntime")
     importlib.import_module("tokenizers")
     import_s = time.perf_counter() - started
-    from tts_bridge.engines.chattts.common import ChatTTSOptions
+    from tts_bridge.engines.chattts.onnx_early import EarlyStart
     from tts_bridge.engines.chattts.onnx_engine import ChatTTSOnnxEngine
     from tts_bridge.engines.chattts.onnx_model import SamplingParams, code_prompt
 
@@ -63,6 +63,7 @@ def measure_onnx(spec: dict[str, Any]) -> dict[str, Any]:
         precision=precision,
         threads=int(spec["threads"]),
         spinning=bool(spec.get("spinning", True)),
+        early_start=EarlyStart(),  # as the configuration's default
     )
     started = time.perf_counter()
     engine.load()  # verifies every file's SHA-256 against the export's manifest
@@ -98,21 +99,12 @@ def measure_onnx(spec: dict[str, Any]) -> dict[str, Any]:
     decode_s = time.perf_counter() - started
     rss_in_use = rss_mb()
     first_audio = None
-    at_first: dict[str, float] = {}
+    at_first: dict[str, Any] = {}
+    snr_by_context: dict[str, float] = {}
     codes = int(spec["first_audio_codes"])
     if codes:
-        with onnx_fixed_codes(codes):
-            # What a "stream": true request gets: audio while the codes are generated.
-            first_audio = time_first_chunk(
-                lambda: times_at_first_chunk(
-                    engine.synthesize_stream(FIRST_AUDIO_TEXT, None, ChatTTSOptions()),
-                    model,
-                    at_first,
-                )
-            )
-        at_first["rest_ms"] = round(
-            first_audio["first_ms"] - at_first["prefill_ms"] - at_first["codes_ms"], 1
-        )
+        first_audio, at_first = first_audio_both_ways(engine, model, codes)
+        snr_by_context = early_snr_by_context(model, results[0].hiddens)
     return result_row(
         spec,
         started_load=loadavg_start,
@@ -133,6 +125,7 @@ def measure_onnx(spec: dict[str, Any]) -> dict[str, Any]:
             "peak_rss_generated_mb": round(peak_generated, 1),
             "rss_in_use_mb": round(rss_in_use, 1),
             **({"first_audio_parts": at_first} if at_first else {}),
+            **({"early_snr_by_context": snr_by_context} if snr_by_context else {}),
         },
     )
 
@@ -235,21 +228,90 @@ def measure_codec_fidelity(spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def times_at_first_chunk(
-    chunks: Iterator[Any], model: Any, into: dict[str, float]
-) -> Iterator[Any]:
+FIRST_AUDIO_ROUNDS = 2
+"""Each way of starting a stream is timed this often, interleaved; the fastest is kept."""
+SNR_CONTEXTS = (1, 2, 4, 6, 8, 12, 16, 24)
+"""Right-hand contexts (codes) at which the first piece's deviation is measured."""
+
+
+def first_audio_both_ways(
+    engine: Any, model: Any, codes: int
+) -> tuple[dict[str, float], dict[str, Any]]:
+    """The first streamed audio of ``FIRST_AUDIO_TEXT`` with the engine's early start and
+    without it (exact pieces only), interleaved; the early start's figures, and both ways'
+    parts: where the time went (``times_at_first_chunk``) and, for the early start, the
+    deviation of its approximate samples from the exact audio of the same codes."""
+    from tts_bridge.engines.chattts.common import ChatTTSOptions
+
+    early = engine.early_start
+    best: dict[bool, tuple[dict[str, float], dict[str, Any]]] = {}
+    with onnx_fixed_codes(codes):
+        for _ in range(FIRST_AUDIO_ROUNDS):
+            for on in (True, False):
+                engine.early_start = early if on else None
+                parts: dict[str, Any] = {}
+
+                def stream(parts: dict[str, Any] = parts) -> Iterator[Any]:
+                    # What a "stream": true request gets: audio while the codes are generated.
+                    chunks = engine.synthesize_stream(FIRST_AUDIO_TEXT, None, ChatTTSOptions())
+                    return times_at_first_chunk(chunks, model, parts)
+
+                timed = time_first_chunk(stream)
+                parts["rest_ms"] = round(
+                    timed["first_ms"] - parts["prefill_ms"] - parts["codes_ms"], 1
+                )
+                report = engine.last_early_start
+                if on and report is not None:
+                    parts["approximate_ms"] = round(1000 * report.approximate / 24_000, 1)
+                    parts["previews"] = report.previews
+                    parts["snr_db"] = None if report.snr_db is None else round(report.snr_db, 1)
+                if on not in best or timed["first_ms"] < best[on][0]["first_ms"]:
+                    best[on] = (timed, parts)
+    engine.early_start = early
+    (first, early_parts), (exact, exact_parts) = best[True], best[False]
+    parts = {**early_parts, "exact_ms": round(exact["first_ms"], 1)}
+    parts.update({f"exact_{key}": value for key, value in exact_parts.items()})
+    return first, parts
+
+
+def early_snr_by_context(model: Any, hiddens: Any) -> dict[str, float]:
+    """The first piece's deviation (SNR in dB against the one-shot decode of the same codes)
+    as a function of its right-hand context: a fresh stream's preview after ``codes`` +
+    context codes, over the ``codes`` codes the first piece covers."""
+    from tts_bridge.engines.chattts.onnx_early import SAMPLES_PER_CODE, EarlyStart, snr_db
+
+    exact = model.decode(hiddens)
+    span = EarlyStart().codes * SAMPLES_PER_CODE
+    out: dict[str, float] = {}
+    for context in SNR_CONTEXTS:
+        preview = model.stream_decoder().preview(hiddens[: EarlyStart().codes + context])
+        out[str(context)] = round(snr_db(preview[:span], exact[:span]), 1)
+    return out
+
+
+def times_at_first_chunk(chunks: Iterator[Any], model: Any, into: dict[str, Any]) -> Iterator[Any]:
     """Pass ``chunks`` through; at the first audio, note where its time went into ``into``:
     the prefill step, the codes made so far (GPT steps after the prefill, and sampling), the
-    rest (text preparation, the prompt, the first piece's decode) is ``first_ms`` less these."""
+    rest (text preparation, the prompt, the first piece's decode) is ``first_ms`` less these.
+    At the end, ``stalls_ms``: how long a listener playing each piece as it came (24 kHz)
+    would have waited for the next one."""
+    playback_ends: float | None = None
+    stalls = 0.0
     for chunk in chunks:
-        if len(chunk) and not into:
-            times = model.times  # live: the engine's generation in progress
-            into.update(
-                prefill_ms=round(1000 * times.prefill, 1),
-                codes=times.steps,
-                codes_ms=round(1000 * (times.gpt - times.prefill + times.sampling), 1),
-            )
+        if len(chunk):
+            now = time.perf_counter()
+            if playback_ends is None:
+                times = model.times  # live: the engine's generation in progress
+                into.update(
+                    prefill_ms=round(1000 * times.prefill, 1),
+                    codes=times.steps,
+                    codes_ms=round(1000 * (times.gpt - times.prefill + times.sampling), 1),
+                )
+                playback_ends = now
+            stalls += max(0.0, now - playback_ends)
+            playback_ends = max(playback_ends, now) + len(chunk) / 24_000
         yield chunk
+    into["stalls_ms"] = round(1000 * stalls, 1)
 
 
 def kv_bytes_per_step(model: Any, prompt: Any, tokens: int) -> float:

@@ -159,6 +159,7 @@ def test_first_piece_after_codes_plus_context_then_exact_audio(
     assert pieces[0].size == EARLY.codes * SAMPLES_PER_CODE - hold
     report = early.report
     assert (report.first_codes, report.previews) == (EARLY.first_codes, 1)
+    assert report.stalls_s == 0.0  # the exact pieces came long before the audio ran out
     assert report.approximate == EARLY.codes * SAMPLES_PER_CODE
     # The second piece is the first exact one, as soon as its decoder reaches the held tail.
     lookahead = 9 + 6  # mel frames
@@ -180,9 +181,9 @@ def test_first_piece_after_codes_plus_context_then_exact_audio(
 def test_previews_while_playback_would_run_out(
     model: ChatTTSOnnxModel, hiddens: npt.NDArray[np.float32]
 ) -> None:
-    """A clock that runs fast (each code takes longer than the audio it adds): a preview at
-    every code until the exact decoder catches up (here: at the end), each crossfaded into
-    the next."""
+    """A clock that runs fast (each code takes longer than the audio it adds): a preview as
+    soon as one would be as long as the first piece (every ``codes`` codes) until the exact
+    decoder catches up (here: at the end), each crossfaded into the next."""
     whole = model.decode(hiddens)
     previews: list[tuple[int, npt.NDArray[np.float32]]] = []
     early, pieces, at = _run(
@@ -190,7 +191,11 @@ def test_previews_while_playback_would_run_out(
     )
     report = early.report
     assert report.previews == len(previews) > 10
-    assert at[: len(previews)] == list(range(EARLY.first_codes, EARLY.first_codes + len(previews)))
+    # Codes slower than real time: playback waited between pieces.
+    assert report.stalls_s > 0.05 * EARLY.codes * (report.previews - 1) / 2
+    every = range(EARLY.first_codes, hiddens.shape[0] + 1, EARLY.codes)
+    assert at[: len(previews)] == list(every)[: len(previews)]
+    assert all(p.size == EARLY.codes * SAMPLES_PER_CODE for p in pieces[1 : len(previews)])
     joined = np.concatenate(pieces)
     assert joined.size == whole.size
     cut = report.approximate
@@ -217,7 +222,8 @@ def test_without_a_crossfade_every_sample_is_sent_once(
     whole = model.decode(states)
     settings = EarlyStart(codes=3, context=1, crossfade=0)
     early, pieces, at = _run(model, states, settings, tick=0.03)
-    assert early.report.previews > 3 and at[0] == 4
+    assert early.report.previews > 3
+    assert at[: early.report.previews] == list(range(4, 41, 3))[: early.report.previews]
     joined = np.concatenate(pieces)
     assert joined.size == whole.size
     cut = early.report.approximate
@@ -346,14 +352,14 @@ def test_the_setting_reaches_the_engine_and_the_cache_holds_exact_audio(
 
     off = synthesizer(False)
     engine = off.engines.voice("door").engine
-    assert isinstance(engine, ChatTTSOnnxEngine) and engine._early_start is None
+    assert isinstance(engine, ChatTTSOnnxEngine) and engine.early_start is None
     off.cache.close()
     synth = synthesizer(None)  # on by default
     try:
         voice = synth.engines.voice("door")
         engine = voice.engine
-        assert isinstance(engine, ChatTTSOnnxEngine) and engine._early_start == EarlyStart()
-        engine._early_start = EARLY  # white-box: an early start the tiny model notices
+        assert isinstance(engine, ChatTTSOnnxEngine) and engine.early_start == EarlyStart()
+        engine.early_start = EARLY  # one the tiny model notices
         options = synth.options_for(voice, {"seed": 4})
         parts: list[AudioPart] = []
         sentence = synth.sentence(voice, 0, TEXT, options, True, on_part=parts.append)

@@ -82,6 +82,9 @@ class EarlyReport:
     snr_db: float | None = None
     """Signal-to-noise ratio of the approximate samples sent against the exact ones (at the
     end of the generation; None without approximate samples)."""
+    stalls_s: float = 0.0
+    """Wall-clock time a listener playing each piece as it came would have waited for the
+    next one after the first (codes generated slower than real time leave gaps)."""
 
 
 def crossfade(old: FloatAudio, new: FloatAudio) -> FloatAudio:
@@ -138,8 +141,9 @@ class EarlyStream:
         self._held = np.zeros(0, dtype=np.float32)
         self._approximate: list[FloatAudio] = []
         """The approximate and crossfaded samples sent, from sample 0 on."""
-        self._played_from = 0.0
-        """When the first piece went out (playback is taken to start then)."""
+        self._playback_ends: float | None = None
+        """When the audio sent so far will have played (playback starts with the first piece
+        and, after a gap, resumes with the next)."""
         self._left_at: float | None = None
         """When the last ``push`` returned: the time until the next is the code loop's."""
         self._step_s: float | None = None
@@ -160,7 +164,7 @@ class EarlyStream:
             step = arrived - self._left_at
             self._step_s = step if self._step_s is None else 0.7 * self._step_s + 0.3 * step
         try:
-            return self._push(hiddens, arrived)
+            return self._sending(self._push(hiddens, arrived))
         finally:
             self._left_at = self._clock()
 
@@ -169,6 +173,7 @@ class EarlyStream:
         self._add_exact(self._decoder.push(hiddens, final=True))
         out = self._join_exact() if self._phase == "previewing" else self._rest()
         self._phase = "exact"
+        self._sending(out)
         if self._approximate:
             sent = np.concatenate(self._approximate)
             self.report.snr_db = snr_db(sent, self.exact[: sent.size])
@@ -181,10 +186,8 @@ class EarlyStream:
         if self._phase == "waiting":
             if codes < self._settings.first_codes:
                 return np.zeros(0, dtype=np.float32)
-            piece = self._preview(hiddens)
-            self._played_from = self._clock()
             self.report.first_codes = codes
-            return piece
+            return self._preview(hiddens)
         if self._phase == "previewing":
             return self._previewing(hiddens, now)
         if self._decoder.ready(codes) - self._exact_size >= self._due:
@@ -205,21 +208,37 @@ class EarlyStream:
 
     def _runs_out_before_next_step(self, now: float) -> bool:
         """Whether the audio sent would run out before a piece made after one more code."""
-        runs_out = self._played_from + self._sent / self._rate
+        assert self._playback_ends is not None
         wait = (self._step_s or 0.0) + self._preview_s + self._settings.guard_s
-        return now + wait >= runs_out
+        return now + wait >= self._playback_ends
+
+    def _sending(self, piece: FloatAudio) -> FloatAudio:
+        """Note ``piece`` going out now, for the playback clock."""
+        if piece.size:
+            now = self._clock()
+            if self._playback_ends is None:
+                self._playback_ends = now
+            elif now > self._playback_ends:
+                self.report.stalls_s += now - self._playback_ends
+            self._playback_ends = max(self._playback_ends, now) + piece.size / self._rate
+        return piece
 
     def _preview(self, hiddens: npt.NDArray[np.float32]) -> FloatAudio:
         """Send approximate samples up to ``context`` codes before the newest, holding back
-        the crossfade; none if that would not reach past the samples already held."""
+        the crossfade; none while that would add less than the first piece did.
+
+        Each preview decodes the stacks' right padding again (before the exact decoder has
+        started, the whole text so far), so when the codes come slower than real time a
+        preview at every code would cost more than it plays: a piece is at least as long as
+        the first, and playback waits for it instead."""
+        hold = self._settings.crossfade
+        end = (hiddens.shape[0] - self._settings.context) * SAMPLES_PER_CODE
+        if end - hold - self._sent < self._settings.codes * SAMPLES_PER_CODE - hold:
+            return np.zeros(0, dtype=np.float32)
         started = self._clock()
         # The exact state first: its new frames are decoded once, and the preview then adds
         # only the flush (the right padding) on top of them.
         self._add_exact(self._decoder.push(hiddens))
-        hold = self._settings.crossfade
-        end = (hiddens.shape[0] - self._settings.context) * SAMPLES_PER_CODE
-        if end - hold <= self._sent + self._held.size:
-            return np.zeros(0, dtype=np.float32)
         preview = self._decoder.preview(hiddens)
         # Where a sample is final already, the exact one is taken, else the preview's.
         done = self._exact_size

@@ -157,7 +157,8 @@ class ChatTTSOnnxEngine(ChatTTSEngineBase[_Loaded]):
         self._arena = arena
         self._spinning = spinning
         self._on_loader = on_loader or (lambda make: make())
-        self._early_start = early_start
+        self.early_start = early_start
+        """The early start of streamed generations (may be changed between requests)."""
         self.last_early_start: EarlyReport | None = None
         """What the early start of the last streamed generation did (None: it had none; no
         previews: its pieces were all exact)."""
@@ -366,7 +367,7 @@ class ChatTTSOnnxEngine(ChatTTSEngineBase[_Loaded]):
     ) -> EarlyStream | None:
         """The early start for this generation, when there is one and it starts sooner than
         the first exact piece would (with little lookahead, exact pieces come soon enough)."""
-        early = self._early_start
+        early = self.early_start
         if early is None or not isinstance(decoder, StatefulStreamingDecoder):
             return None
         if early.first_codes >= schedule[0] + math.ceil(decoder.lookahead_codes):
