@@ -37,7 +37,12 @@ from tts_bridge.engines.chattts.common import (
     read_spk_stat_file,
     strip_control_tags,
 )
-from tts_bridge.engines.chattts.onnx_early import EarlyReport, EarlyStart, EarlyStream
+from tts_bridge.engines.chattts.onnx_early import (
+    SAMPLES_PER_CODE,
+    EarlyReport,
+    EarlyStart,
+    EarlyStream,
+)
 from tts_bridge.engines.chattts.onnx_format import (
     CONFIG_FILE,
     SPK_STAT_NAME,
@@ -73,8 +78,6 @@ _LOGGER = logging.getLogger(__name__)
 
 SILENCE_THRESHOLD = np.float32(1e-5)
 """Chat.infer drops every sample at or below this magnitude; done here too for equal output."""
-SAMPLES_PER_CODE = 512
-"""One audio code is two mel frames of 256 samples (21.3 ms at 24 kHz)."""
 STREAM_CHUNK_CODES = (8, 12, 16, 24, 32, 48, 64, 96, 128)
 """Codes of final audio per streamed piece with the streaming graphs
 (``StatefulStreamingDecoder``): the first early, then growing (the last size repeats).
