@@ -234,10 +234,11 @@ class SynthesisSettings(_Section):
     """Idle onnxruntime threads busy-wait for the next operator: faster when the bridge has its
     cores to itself, much slower when they are shared; auto = on unless the hardware plan
     expects to share them (a cgroup CPU quota, or more busy threads than CPUs)."""
-    chattts_early_start: bool = True
+    chattts_early_start: bool = False
     """ChatTTS on ONNX, streamed requests: start with approximate audio once a few codes exist,
-    instead of waiting for the decoders' lookahead (about 52 codes at full size); the rest of
-    the sentence, and what is cached, is exact. Off: every streamed piece is exact."""
+    instead of waiting for the decoders' lookahead (about 52 codes at full size); what is
+    cached is exact. Off by default: on a 2-core CPU the previews' decodes leave short gaps in
+    playback where the exact stream plays smoothly after a longer wait (README, "Measured")."""
     sentence_pause_ms: int = Field(250, ge=0, le=5000)
     """Silence placed between sentences when a message is assembled."""
     date_order: Literal["dmy", "mdy"] = "dmy"

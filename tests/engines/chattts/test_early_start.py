@@ -350,11 +350,12 @@ def test_the_setting_reaches_the_engine_and_the_cache_holds_exact_audio(
         )
         return Synthesizer(settings, EnginePool(settings), SentenceCache(settings.cache))
 
-    off = synthesizer(False)
-    engine = off.engines.voice("door").engine
-    assert isinstance(engine, ChatTTSOnnxEngine) and engine.early_start is None
-    off.cache.close()
-    synth = synthesizer(None)  # on by default
+    for early in (False, None):  # off, and off by default
+        off = synthesizer(early)
+        engine = off.engines.voice("door").engine
+        assert isinstance(engine, ChatTTSOnnxEngine) and engine.early_start is None
+        off.cache.close()
+    synth = synthesizer(True)
     try:
         voice = synth.engines.voice("door")
         engine = voice.engine
