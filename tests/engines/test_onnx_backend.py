@@ -540,3 +540,21 @@ def test_models_quantize_int8_all_makes_a_voice_with_precision_int8_all_speak(
     (audio,) = voice.engine.synthesize("你好。", voice.speaker, ChatTTSOptions(seed=3))
     assert np.isfinite(audio).all() and audio.size > 0
     pool.unload_all()
+
+
+def test_models_quantize_of_hard_linked_files_is_one_line(
+    copied: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """onnx refuses external data with more than one link; the command says what to do."""
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        yaml.safe_dump({"models": {"dir": str(copied)}, "cache": {"dir": str(tmp_path / "c")}}),
+        encoding="utf-8",
+    )
+    export = copied / "chattts-onnx"
+    for data in export.glob("*.onnx.data"):
+        os.link(data, tmp_path / data.name)  # a second link, as a `cp -al` backup leaves
+    assert main(["models", "quantize", "--int8-all", "chattts-onnx", "--config", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert "hard links" in err and "cp -r" in err
+    assert len(err.strip().splitlines()) == 1, err

@@ -11,6 +11,7 @@ from typing import Any
 from tts_bridge import manifests
 from tts_bridge.cli.parsing import add_command
 from tts_bridge.config import Settings
+from tts_bridge.engines.base import EngineError
 from tts_bridge.manifests import (
     USER_MANIFEST,
     ManifestError,
@@ -132,12 +133,24 @@ def _models_quantize(
         for problem in bad:
             print(f"refused: {problem}", file=sys.stderr)
         return 1
-    if int4:
-        written = quantize_int4(folder)
-    elif int8_all:
-        written = quantize_int8_all(folder)
-    else:
-        written = quantize_onnx(folder)
+    try:
+        if int4:
+            written = quantize_int4(folder)
+        elif int8_all:
+            written = quantize_int8_all(folder)
+        else:
+            written = quantize_onnx(folder)
+    except EngineError:
+        raise
+    except Exception as exc:  # onnx and onnxruntime raise their own untyped errors
+        if "hard link" in str(exc):
+            # onnx refuses external data with more than one link (a `cp -al` copy, a backup
+            # by hard links) as a possible hardlink attack.
+            raise EngineError(
+                f"cannot quantize {name!r}: its graph files in {folder} are hard links, which "
+                "onnx refuses; copy the folder without hard links (cp -r) and quantize that"
+            ) from exc
+        raise EngineError(f"cannot quantize {name!r}: {exc}") from exc
     manifests.add_model(name, folder, settings.models.dir)
     print(f"quantized {name!r}: {', '.join(p.name for p in written)}")
     return 0
