@@ -101,7 +101,6 @@ def quantize_onnx(dest: Path, settings: QuantizeSettings | None = None) -> list[
     settings used to the manifest. Returns the files written, the manifest last. Needs ``onnx``
     (onnxruntime's quantizer edits the graph with it), not torch.
     """
-    from onnxruntime.quantization import QuantType, quantize_dynamic
 
     settings = settings or QuantizeSettings()
     unknown = set(settings.graphs) - set(GRAPHS)
@@ -110,33 +109,19 @@ def quantize_onnx(dest: Path, settings: QuantizeSettings | None = None) -> list[
     manifest = read_manifest(dest)
     fp32 = precision_files(manifest, "fp32")
     chosen = resolve_weight_type(settings.weight_type)
-    weight_type = QuantType.QInt8 if chosen == "qint8" else QuantType.QUInt8
     written: list[Path] = []
     int8 = dict(fp32)
     for role in settings.graphs:
         source = dest / fp32[role]
         target = dest / int8_name(fp32[role])
-        quantize_dynamic(
+        written += _quantize_matmuls(
             source,
             target,
-            # MatMul only: onnxruntime's dynamic ConvInteger is slower than FP32 Conv on CPU.
-            op_types_to_quantize=["MatMul", "Gemm"],
+            chosen,
             per_channel=settings.per_channel,
             reduce_range=settings.reduce_range,
-            weight_type=weight_type,
-            # Weights in "<graph>.data", as the exporter writes them (less peak memory at load).
-            use_external_data_format=True,
-        )
-        _LOGGER.info(
-            "Quantized %s -> %s (%s weights, %.1f -> %.1f MB)",
-            source.name,
-            target.name,
-            chosen,
-            _size(source) / 1e6,
-            _size(target) / 1e6,
         )
         int8[role] = target.name
-        written += [target, external_data_path(target)]
     files = _all_files(manifest, [p.name for p in written])
     variants = {**manifest["variants"], "int8": int8}
     extra = {k: v for k, v in manifest.items() if k not in ("files", "variants")}
@@ -231,7 +216,6 @@ def quantize_int8_all(dest: Path, weight_type: WeightType = "auto") -> list[Path
     An export without the streaming graphs is refused: its windowed streaming measures the
     decoders' reach by how NaN spreads, and INT8 activations (one scale per call) spread a NaN
     over every frame."""
-    from onnxruntime.quantization import QuantType, quantize_dynamic
 
     written: list[Path] = []
     manifest = read_manifest(dest)
@@ -249,24 +233,8 @@ def quantize_int8_all(dest: Path, weight_type: WeightType = "auto") -> list[Path
     for role in roles:
         source = dest / fp32[role]
         target = dest / int8_name(fp32[role])
-        external_data_path(target).unlink(missing_ok=True)
-        quantize_dynamic(
-            source,
-            target,
-            op_types_to_quantize=["MatMul", "Gemm"],  # the convolutions stay FP32 (module docs)
-            weight_type=QuantType.QInt8 if chosen == "qint8" else QuantType.QUInt8,
-            use_external_data_format=True,
-        )
-        _LOGGER.info(
-            "Quantized %s -> %s (%s weights, %.1f -> %.1f MB)",
-            source.name,
-            target.name,
-            chosen,
-            _size(source) / 1e6,
-            _size(target) / 1e6,
-        )
+        written += _quantize_matmuls(source, target, chosen)
         variant[role] = target.name
-        written += [target, external_data_path(target)]
     files = _all_files(manifest, [p.relative_to(dest).as_posix() for p in written])
     variants = {**manifest["variants"], "int8-all": variant}
     extra = {k: v for k, v in manifest.items() if k not in ("files", "variants")}
@@ -282,6 +250,41 @@ def quantize_int8_all(dest: Path, weight_type: WeightType = "auto") -> list[Path
     }
     written.append(write_manifest(dest, files, variants=variants, extra=extra))
     return written
+
+
+def _quantize_matmuls(
+    source: Path,
+    target: Path,
+    weight_type: Literal["quint8", "qint8"],
+    *,
+    per_channel: bool = False,
+    reduce_range: bool = False,
+) -> list[Path]:
+    """INT8 weights for ``source``'s MatMuls (onnxruntime's dynamic quantization) in
+    ``target``; returns the graph and its data file."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    external_data_path(target).unlink(missing_ok=True)  # onnx appends to an existing data file
+    quantize_dynamic(
+        source,
+        target,
+        # MatMul only: onnxruntime's dynamic ConvInteger is slower than FP32 Conv on CPU.
+        op_types_to_quantize=["MatMul", "Gemm"],
+        per_channel=per_channel,
+        reduce_range=reduce_range,
+        weight_type=QuantType.QInt8 if weight_type == "qint8" else QuantType.QUInt8,
+        # Weights in "<graph>.data", as the exporter writes them (less peak memory at load).
+        use_external_data_format=True,
+    )
+    _LOGGER.info(
+        "Quantized %s -> %s (%s weights, %.1f -> %.1f MB)",
+        source.name,
+        target.name,
+        weight_type,
+        _size(source) / 1e6,
+        _size(target) / 1e6,
+    )
+    return [target, external_data_path(target)]
 
 
 def _size(graph: Path) -> int:
