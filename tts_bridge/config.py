@@ -28,6 +28,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from tts_bridge.engines import catalog
+from tts_bridge.engines.base import Precision
 from tts_bridge.formats import AudioFormat, AudioFormatField
 
 _LOGGER = logging.getLogger(__name__)
@@ -268,7 +269,7 @@ class VoiceSettings(_Section):
     default speaker."""
     spk_emb_sha256: str | None = None
     """SHA-256 of spk_emb: a one-character change would silently be another voice."""
-    precision: Literal["int8", "fp32", "int4", "int8-all"] = "int8"
+    precision: Precision = "int8"
     """chattts-onnx only: which graphs of the export to run (after `models quantize`: int8;
     int4 after `models quantize --int4`, smaller but less faithful: for boards short of memory;
     int8-all after `models quantize --int8-all`: the decoder and Vocos in INT8 too, about

@@ -20,6 +20,8 @@ import numpy as np
 import numpy.typing as npt
 
 Tier = Literal["quality", "fast"]
+Precision = Literal["fp32", "int8", "int4", "int8-all"]
+"""A model's weights as a voice asks for them (engines with one set of weights ignore it)."""
 FloatAudio = npt.NDArray[np.float32]
 FrontEnd = Literal["none", "numbers", "english"]
 """What an engine's phonemizer needs done to a sentence before its ``prepare_text``, declared as

@@ -16,9 +16,9 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
-from tts_bridge.engines.base import Engine, EngineError, SynthesisOptions, Tier
+from tts_bridge.engines.base import Engine, EngineError, Precision, SynthesisOptions, Tier
 
 if TYPE_CHECKING:
     from tts_bridge.config import VoiceSettings
@@ -46,7 +46,7 @@ class EngineContext:
 
     model: Path
     """The model: the voice's (resolved under models.dir) or the engine's bundled one."""
-    precision: Literal["int8", "fp32", "int4", "int8-all"]
+    precision: Precision
     """The voice's precision (engines with one set of weights ignore it)."""
     expected: Mapping[str, str] | None
     """Expected SHA-256 per file from the model manifests; None when no manifest knows it."""
@@ -56,7 +56,7 @@ class EngineContext:
     """The onnxruntime session options every ONNX engine of the pool gets."""
     on_loader: Callable[[Callable[[], Any]], Any]
     """Runs a function on the pool's loader thread (normal priority) and returns its result."""
-    early_start: bool = True
+    early_start: bool = False
     """Streaming engines that can: start with approximate audio (synthesis.chattts_early_start)."""
 
 

@@ -28,7 +28,7 @@ import psutil
 
 from tts_bridge.config import AUTO_FAST_VOICE, Settings, VoiceSettings
 from tts_bridge.engines import catalog
-from tts_bridge.engines.base import Engine, EngineError, Tier
+from tts_bridge.engines.base import Engine, EngineError, Precision, Tier
 from tts_bridge.engines.catalog import EngineContext
 from tts_bridge.manifests import FileHasher, ModelFileError
 from tts_bridge.speech.hardware import OnnxSessionPlan
@@ -216,7 +216,7 @@ class EnginePool:
         self,
         kind: str,
         model: Path | None,
-        precision: Literal["int8", "fp32", "int4", "int8-all"],
+        precision: Precision,
         *,
         variant: str = "",
     ) -> Engine:

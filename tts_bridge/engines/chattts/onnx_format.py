@@ -12,9 +12,9 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from tts_bridge.engines.base import EngineError
+from tts_bridge.engines.base import EngineError, Precision
 from tts_bridge.manifests import sha256_file
 
 __all__ = [
@@ -80,7 +80,6 @@ COMMON_FILES = (
 )
 """Files every precision uses; the graphs per precision are listed in the manifest."""
 
-Precision = Literal["fp32", "int8", "int4", "int8-all"]
 QUANTIZED_PRECISIONS: tuple[Precision, ...] = ("int8", "int4", "int8-all")
 """The variants ``tts-bridge models quantize`` makes (``int8-all``: the decoder and Vocos in
 INT8 too, see ``quantize.quantize_int8_all``)."""

@@ -17,6 +17,7 @@ on the model that builds them.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -188,11 +189,10 @@ class _OverlapAdd:
 
     def _scratch(self) -> _OverlapAdd:
         """A copy whose overlap-add does not touch this one's buffers."""
-        copy = object.__new__(_OverlapAdd)
-        copy.__dict__.update(self.__dict__)
-        copy._signal = self._signal.copy()
-        copy._envelope = self._envelope.copy()
-        return copy
+        scratch = copy.copy(self)
+        scratch._signal = self._signal.copy()
+        scratch._envelope = self._envelope.copy()
+        return scratch
 
     def _take(self, limit: int) -> FloatAudio:
         if limit <= self._emitted:
