@@ -468,33 +468,42 @@ def test_refine_session_made_from_the_idle_thread_runs_at_normal_priority(
     pool.unload_all()
 
 
+def _cli_config(models_dir: Path, tmp_path: Path) -> Path:
+    """A config file for the `models` commands on ``models_dir``."""
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        yaml.safe_dump({"models": {"dir": str(models_dir)}, "cache": {"dir": str(tmp_path / "c")}}),
+        encoding="utf-8",
+    )
+    return config
+
+
+def _precision_voice(models_dir: Path, tmp_path: Path, name: str, precision: str) -> Settings:
+    """Settings with one chattts-onnx voice ``name`` of the export at ``precision``."""
+    voice = {"engine": "chattts-onnx", "model": "chattts-onnx", "precision": precision}
+    return load_settings(
+        None,
+        {
+            "models": {"dir": str(models_dir)},
+            "cache": {"dir": str(tmp_path / "cache")},
+            "synthesis": {"onnx_threads": 1},
+            "voices": {name: voice},
+            "default_voice": name,
+            "voices_file": str(tmp_path / "voices.yaml"),
+        },
+        environ={},
+    )
+
+
 def test_models_quantize_int4_makes_a_voice_with_precision_int4_speak(
     copied: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """`models quantize --int4 NAME`, then a chattts-onnx voice with precision int4 (the option
     for boards short of memory) is built by the pool and speaks."""
-    config = tmp_path / "config.yaml"
-    config.write_text(
-        yaml.safe_dump({"models": {"dir": str(copied)}, "cache": {"dir": str(tmp_path / "c")}}),
-        encoding="utf-8",
-    )
+    config = _cli_config(copied, tmp_path)
     assert main(["models", "quantize", "--int4", "chattts-onnx", "--config", str(config)]) == 0
     assert "gpt.int4.onnx" in capsys.readouterr().out
-    settings = load_settings(
-        None,
-        {
-            "models": {"dir": str(copied)},
-            "cache": {"dir": str(tmp_path / "cache")},
-            "synthesis": {"onnx_threads": 1},
-            "voices": {
-                "small": {"engine": "chattts-onnx", "model": "chattts-onnx", "precision": "int4"}
-            },
-            "default_voice": "small",
-            "voices_file": str(tmp_path / "voices.yaml"),
-        },
-        environ={},
-    )
-    pool = EnginePool(settings)
+    pool = EnginePool(_precision_voice(copied, tmp_path, "small", "int4"))
     voice = pool.voice("small")
     assert isinstance(voice.engine, ChatTTSOnnxEngine)
     assert voice.engine.precision == "int4" and ":int4:" in voice.engine.identity
@@ -508,31 +517,13 @@ def test_models_quantize_int8_all_makes_a_voice_with_precision_int8_all_speak(
 ) -> None:
     """`models quantize --int8-all NAME` (on an FP32-only export: the INT8 GPT is made too),
     then a chattts-onnx voice with precision int8-all is built by the pool and speaks."""
-    config = tmp_path / "config.yaml"
-    config.write_text(
-        yaml.safe_dump({"models": {"dir": str(copied)}, "cache": {"dir": str(tmp_path / "c")}}),
-        encoding="utf-8",
-    )
+    config = _cli_config(copied, tmp_path)
     args = ["models", "quantize", "chattts-onnx", "--config", str(config)]
     assert main([*args, "--int4", "--int8-all"]) == 2  # one variant per run
     assert main([*args, "--int8-all"]) == 0
     out = capsys.readouterr().out
     assert "gpt.int8.onnx" in out and "decoder_stream.int8.onnx" in out
-    settings = load_settings(
-        None,
-        {
-            "models": {"dir": str(copied)},
-            "cache": {"dir": str(tmp_path / "cache")},
-            "synthesis": {"onnx_threads": 1},
-            "voices": {
-                "lean": {"engine": "chattts-onnx", "model": "chattts-onnx", "precision": "int8-all"}
-            },
-            "default_voice": "lean",
-            "voices_file": str(tmp_path / "voices.yaml"),
-        },
-        environ={},
-    )
-    pool = EnginePool(settings)
+    pool = EnginePool(_precision_voice(copied, tmp_path, "lean", "int8-all"))
     voice = pool.voice("lean")
     assert isinstance(voice.engine, ChatTTSOnnxEngine)
     assert voice.engine.precision == "int8-all" and ":int8-all:" in voice.engine.identity
@@ -546,11 +537,7 @@ def test_models_quantize_of_hard_linked_files_is_one_line(
     copied: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """onnx refuses external data with more than one link; the command says what to do."""
-    config = tmp_path / "config.yaml"
-    config.write_text(
-        yaml.safe_dump({"models": {"dir": str(copied)}, "cache": {"dir": str(tmp_path / "c")}}),
-        encoding="utf-8",
-    )
+    config = _cli_config(copied, tmp_path)
     export = copied / "chattts-onnx"
     for data in export.glob("*.onnx.data"):
         os.link(data, tmp_path / data.name)  # a second link, as a `cp -al` backup leaves
