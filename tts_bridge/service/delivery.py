@@ -11,7 +11,6 @@ so it gets the same URL without encoding again; an upgraded rendering gets a new
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
 from typing import Literal
@@ -19,18 +18,16 @@ from typing import Literal
 from tts_bridge.audio import EncodeError, encode
 from tts_bridge.config import Settings
 from tts_bridge.formats import AudioFormat
+from tts_bridge.mqtt.protocol import encode_json
 from tts_bridge.service.http import AudioServer, PublishedAudio
+from tts_bridge.service.pipeline import SpeechError
 from tts_bridge.speech.synthesis import Rendering
 
 _LOGGER = logging.getLogger(__name__)
 
 
-class DeliveryError(Exception):
+class DeliveryError(SpeechError):
     """The audio a target needs cannot be made; `code` is the answer's error code."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 @dataclass(frozen=True)
@@ -125,9 +122,10 @@ class AudioDelivery:
             )
         data: bytes | None = None
         if plan.format is not None and plan.payload == "audio":
-            if published is not None and published.format == plan.format:
+            if published is not None:  # its format is plan.format (`for_target`)
                 assert self._server is not None
-                data = self._server.read(published)  # a repeat costs no encoding
+                # Just encoded: those bytes; a repeat: the stored ones, no encoding.
+                data = published.data or self._server.read(published)
             if data is None:
                 try:
                     data = encode(rendering.pcm, rendering.sample_rate, plan.format).data
@@ -138,11 +136,11 @@ class AudioDelivery:
 
 def link_message(request_id: str | int, published: PublishedAudio) -> bytes:
     """The audio topic's payload for a target that fetches: small enough for any MQTT client."""
-    return json.dumps(
+    return encode_json(
         {
             "url": published.url,
             "id": request_id,
             "duration_ms": published.duration_ms,
             "format": published.format.container,
         }
-    ).encode()
+    )

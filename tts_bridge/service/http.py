@@ -13,6 +13,7 @@ extension, never a path).
 from __future__ import annotations
 
 import asyncio
+import builtins
 import contextlib
 import hashlib
 import logging
@@ -20,7 +21,7 @@ import socket
 import threading
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
@@ -47,6 +48,8 @@ class PublishedAudio:
     expires_at: float
     encoded: bool
     """False when the same audio in the same format was already stored (no encoding done)."""
+    data: builtins.bytes | None = field(default=None, repr=False, compare=False)
+    """The bytes just encoded and stored (None for a repeat: they are in the store)."""
 
 
 def content_key(audio: npt.NDArray[np.generic], sample_rate: int) -> str:
@@ -257,6 +260,7 @@ class AudioServer:
         samples = int(np.asarray(audio).shape[0])
         size = self.store.refresh(token, fmt, ttl)
         encoded = size is None
+        data: bytes | None = None
         if size is None:
             data = encode(audio, sample_rate, fmt).data
             self.store.put(token, fmt, data, ttl)
@@ -270,6 +274,7 @@ class AudioServer:
             duration_ms=duration_ms(samples, sample_rate),
             expires_at=self._clock() + ttl,
             encoded=encoded,
+            data=data,
         )
 
     def read(self, published: PublishedAudio) -> bytes | None:
