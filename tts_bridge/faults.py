@@ -32,6 +32,15 @@ _SQLITE_CONDITIONS = (
 )
 
 
+STORAGE_FAULTS = frozenset({"disk full", "read-only", "I/O error"})
+"""Conditions of the storage itself (as opposed to, e.g., a lock held by another process)."""
+
+
+def is_storage_fault(exc: BaseException) -> bool:
+    """Whether ``exc`` says the storage cannot be written (full, read-only, failing)."""
+    return storage_condition(exc) in STORAGE_FAULTS
+
+
 def storage_condition(exc: BaseException) -> str:
     """A short name for why a storage operation failed ('disk full', 'read-only', ...)."""
     if isinstance(exc, OSError):

@@ -163,7 +163,7 @@ class EnginePool:
         self._factories: dict[str, VoiceFactory] = {}
         self._fallbacks: dict[int, _Fallback] = {}
         self._unverified: dict[str, str] = {}
-        self._model_files: dict[int, tuple[Path, str, str]] = {}
+        self._model_files: dict[int, tuple[Path, str]] = {}
         """Engine (by id) -> its one model file, the manifest's hash, the hash in its identity:
         verified again at every load."""
         self._loader = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="model-load")
@@ -254,7 +254,7 @@ class EnginePool:
                 elif expected and len(expected) == 1 and path.is_file():
                     # A model folder (ChatTTS) is verified by its engine at every load.
                     (want,) = expected.values()
-                    self._model_files[id(engine)] = (path, want, self._hasher.sha256(path))
+                    self._model_files[id(engine)] = (path, want)
             return engine
 
     def add_fallback(
@@ -407,16 +407,12 @@ class EnginePool:
         known = self._model_files.get(id(engine))
         if known is None:
             return
-        path, want, built = known
+        path, want = known  # the identity was built from a file of this hash (check_files)
         try:
-            actual = self._hasher.verify(path, want)
+            self._hasher.verify(path, want)
         except ModelFileError as exc:
             _LOGGER.error("Refusing to load %s: %s", engine.identity, exc)
             raise
-        if actual != built:  # restored to the manifest's hash, but not the identity's
-            raise ModelFileError(
-                path, "sha256 mismatch", f"sha256 {built} (at start)", f"sha256 {actual}"
-            )
 
     def _fall_back(self, engine: Engine, fallback: _Fallback, exc: Exception) -> None:
         """Rebuild the voices of a failed engine on their fallback; always raises."""

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from tts_bridge.config import Settings
-from tts_bridge.faults import storage_condition
+from tts_bridge.faults import is_storage_fault
 from tts_bridge.mqtt import discovery
 from tts_bridge.mqtt.client import MqttConnection, OutgoingMessage
 from tts_bridge.mqtt.protocol import Topics
@@ -64,9 +64,6 @@ def build_synthesizer(settings: Settings, plan: ThreadPlan | None = None) -> Syn
     return Synthesizer(settings, pool, SentenceCache(settings.cache))
 
 
-_STORAGE_CONDITIONS = ("disk full", "read-only", "I/O error")
-
-
 def open_journal(settings: Settings) -> Journal | None:
     """Open the request journal; a damaged one is moved aside (its entries are lost, logged).
 
@@ -101,7 +98,7 @@ def open_journal(settings: Settings) -> Journal | None:
 def _storage_fault(exc: JournalError) -> bool:
     """A journal that fails for its storage (not its content): kept, opened again later."""
     cause = exc.__cause__
-    return cause is not None and storage_condition(cause) in _STORAGE_CONDITIONS
+    return cause is not None and is_storage_fault(cause)
 
 
 def build_pipeline(
