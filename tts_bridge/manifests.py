@@ -110,21 +110,7 @@ class FileHasher:
         For the engine loader, at every load (not only at start): the hash it returns is the
         one that goes into the engine identity (and so into cache keys).
         """
-        try:
-            actual = self.sha256(path)
-        except FileNotFoundError:
-            raise ModelFileError(
-                path, "missing", f"sha256 {expected_sha256}", "no such file"
-            ) from None
-        except OSError as exc:
-            raise ModelFileError(
-                path, "unreadable", f"sha256 {expected_sha256}", str(exc.strerror or exc)
-            ) from exc
-        if actual != expected_sha256.lower():
-            raise ModelFileError(
-                path, "sha256 mismatch", f"sha256 {expected_sha256.lower()}", f"sha256 {actual}"
-            )
-        return actual
+        return checked_sha256(path, expected_sha256, self.sha256)
 
     def verify_tree(self, root: Path, expected: Mapping[str, str]) -> str:
         """Verify every file of a model folder (path relative to ``root`` -> SHA-256, as
@@ -464,8 +450,16 @@ def verify_file(
         ) from exc
     if size != expected_size:
         raise ModelFileError(path, "size differs", f"{expected_size} bytes", f"{size} bytes")
+    checked_sha256(path, expected_sha256, hasher)
+
+
+def checked_sha256(path: Path, expected_sha256: str, hasher: Hasher) -> str:
+    """``hasher(path)`` when it is ``expected_sha256``; ModelFileError naming the file, the
+    expected and the actual value otherwise (a missing or unreadable file included)."""
     try:
         actual = hasher(path)
+    except FileNotFoundError:
+        raise ModelFileError(path, "missing", f"sha256 {expected_sha256}", "no such file") from None
     except OSError as exc:
         raise ModelFileError(
             path, "unreadable", f"sha256 {expected_sha256}", str(exc.strerror or exc)
@@ -474,6 +468,7 @@ def verify_file(
         raise ModelFileError(
             path, "sha256 mismatch", f"sha256 {expected_sha256.lower()}", f"sha256 {actual}"
         )
+    return actual
 
 
 def verify_model(
