@@ -144,7 +144,7 @@ class SayFrontEnd(MqttFrontEnd):
                 # must not be lent to whoever names a topic.
                 raise ProtocolError(
                     "invalid_response_topic",
-                    f"response topic {short(reply.response_topic or '')!r} refused: {refusal}",
+                    f"response topic {short(reply.response_topic or '')} refused: {refusal}",
                     request.id,
                 )
         except ProtocolError as exc:
