@@ -30,8 +30,8 @@ from tts_bridge.cli.doctor import (
     run_doctor,
 )
 from tts_bridge.config import Settings, load_settings
+from tts_bridge.hardware import Hardware, detect_hardware, plan_threads
 from tts_bridge.speech.cache import CacheKey, SentenceCache
-from tts_bridge.speech.hardware import Hardware, detect_hardware, plan_threads
 
 STATUSES = ("PASS", "WARN", "FAIL")
 USER = "speaker"

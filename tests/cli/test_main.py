@@ -168,7 +168,7 @@ def test_numba_compiler_passes_stay_out_of_the_log(debug: bool) -> None:
         _setup_logging(None, debug)
         assert logging.getLogger("numba.core.ssa").getEffectiveLevel() == logging.WARNING
         wanted = logging.DEBUG if debug else logging.INFO
-        assert logging.getLogger("tts_bridge.service").getEffectiveLevel() == wanted
+        assert logging.getLogger("tts_bridge.mqtt").getEffectiveLevel() == wanted
     finally:
         root.setLevel(saved[0])
         root.handlers[:] = saved[1]

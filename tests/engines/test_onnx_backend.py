@@ -35,8 +35,8 @@ from tts_bridge.engines.chattts.onnx_engine import ChatTTSOnnxEngine
 from tts_bridge.engines.chattts.onnx_format import MANIFEST_FILE
 from tts_bridge.engines.chattts.pool import find_chattts_exports
 from tts_bridge.engines.registry import EnginePool, manifest_hashes
+from tts_bridge.hardware import Hardware, plan_threads
 from tts_bridge.speech.cache import SentenceCache
-from tts_bridge.speech.hardware import Hardware, plan_threads
 from tts_bridge.speech.synthesis import Synthesizer
 
 BASE = "tts_bridge"

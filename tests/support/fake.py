@@ -24,14 +24,14 @@ from typing import Any
 import pytest
 import soundfile
 
+from tts_bridge import app
 from tts_bridge.config import Settings, load_settings
 from tts_bridge.engines.registry import EnginePool
+from tts_bridge.hardware import ThreadPlan
 from tts_bridge.mqtt.client import IncomingMessage, OutgoingMessage, PublishResult
+from tts_bridge.mqtt.journal import Journal
 from tts_bridge.mqtt.protocol import topic_matches
-from tts_bridge.service import app
-from tts_bridge.service.journal import Journal
 from tts_bridge.speech.cache import SentenceCache
-from tts_bridge.speech.hardware import ThreadPlan
 from tts_bridge.speech.synthesis import Synthesizer
 
 BASE = "tts_bridge"
@@ -252,7 +252,7 @@ def settings_for(tmp_path: Path, overrides: dict[str, Any] | None = None) -> Set
         "models": {"dir": str(tmp_path / "models")},
         "journal": {"path": str(tmp_path / "journal.sqlite3")},
         "synthesis": {"onnx_threads": 1},
-        # On fake connections nothing listens: no Wyoming server (tests/service/test_wyoming.py).
+        # On fake connections nothing listens: no Wyoming server (tests/wyoming/test_server.py).
         "wyoming": {"enabled": False},
         # On loopback and any free port: a test's audio server must not appear on the LAN.
         "http": {"host": "127.0.0.1", "port": 0},

@@ -125,8 +125,8 @@ def measure(port: int, name: str, voice: str | None, *, cache: bool) -> list[dic
 @contextlib.contextmanager
 def bridge_server(settings: Settings) -> Iterator[int]:
     """The bridge's Wyoming server (with its pipeline and scheduler) on a loopback port."""
-    from tts_bridge.service.app import build_pipeline, build_synthesizer
-    from tts_bridge.service.wyoming import WyomingServer
+    from tts_bridge.app import build_pipeline, build_synthesizer
+    from tts_bridge.wyoming.server import WyomingServer
 
     synth = build_synthesizer(settings)
     pipeline = build_pipeline(settings, synth)

@@ -34,8 +34,8 @@ from paho.mqtt.reasoncodes import ReasonCode
 
 from tts_bridge import __version__
 from tts_bridge.config import CacheSettings, ConfigError, MqttSettings, Settings, load_settings
+from tts_bridge.hardware import Hardware, ThreadPlan, detect_hardware
 from tts_bridge.mqtt.client import configure_tls
-from tts_bridge.speech.hardware import Hardware, ThreadPlan, detect_hardware
 
 if TYPE_CHECKING:
     from tts_bridge.engines.registry import Voice

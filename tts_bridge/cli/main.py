@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING, Any
 from tts_bridge import __version__
 from tts_bridge.cli.models import add_models_parser
 from tts_bridge.cli.parsing import HelpFormatter, add_command
-from tts_bridge.config import AUTO_FAST_VOICE, ConfigError, Settings, load_settings
+from tts_bridge.config import ConfigError, Settings, load_settings
 
 if TYPE_CHECKING:
-    from tts_bridge.speech.hardware import ThreadPlan
+    from tts_bridge.hardware import ThreadPlan
     from tts_bridge.speech.synthesis import Synthesizer
 
 _LOGGER = logging.getLogger(__name__)
@@ -75,19 +75,19 @@ def _settings(args: argparse.Namespace) -> Settings:
 
 def _thread_plan(settings: Settings) -> ThreadPlan:
     """The hardware plan, with the settings' explicit values taking precedence."""
-    from tts_bridge.service.app import thread_plan
+    from tts_bridge.app import thread_plan
 
     return thread_plan(settings)
 
 
 def _build_synthesizer(settings: Settings, plan: ThreadPlan) -> Synthesizer:
-    from tts_bridge.service.app import build_synthesizer
+    from tts_bridge.app import build_synthesizer
 
     return build_synthesizer(settings, plan)
 
 
 def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
-    from tts_bridge.service import app
+    from tts_bridge import app
 
     plan = _thread_plan(settings)
     for line in plan.describe():
@@ -294,14 +294,9 @@ def cmd_prerender(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_voices_new(args: argparse.Namespace, settings: Settings) -> int:
     """Sample a ChatTTS speaker deterministically from a seed and store it in the voices file."""
-    import hashlib
-
-    import yaml
-
-    from tts_bridge.config import NAME_PATTERN, VoiceSettings
+    from tts_bridge.config import NAME_PATTERN
     from tts_bridge.engines.base import EngineError
-    from tts_bridge.engines.chattts.torch_engine import ChatTTSEngine
-    from tts_bridge.engines.registry import manifest_hashes
+    from tts_bridge.voices_file import VoicesFileError, chattts_voice_from_seed, write_voice
 
     if not re.match(NAME_PATTERN, args.name):
         print(f"error: voice name must match {NAME_PATTERN}", file=sys.stderr)
@@ -309,45 +304,15 @@ def cmd_voices_new(args: argparse.Namespace, settings: Settings) -> int:
     if args.name in settings.voices and not args.force:
         print(f"error: voice {args.name!r} exists (use --force to replace it)", file=sys.stderr)
         return 1
-    model = args.model
-    if model is None:
-        chattts = [v for v in settings.voices.values() if v.engine == "chattts" and v.model]
-        if not chattts:
-            print(
-                "error: give --model CHECKPOINT_DIR (no chattts voice configured)", file=sys.stderr
-            )
-            return 1
-        model = chattts[0].model
-    assert model is not None
-    folder = model if model.is_absolute() else settings.models.dir / model
-    engine = ChatTTSEngine(folder, expected_sha256=manifest_hashes(folder, settings.models.dir))
     try:
-        spk_emb = engine.sample_speaker(args.seed)
-    except EngineError as exc:
+        entry = chattts_voice_from_seed(settings, args.seed, args.model, args.fast_voice)
+        write_voice(
+            settings.voices_file, args.name, entry.model_dump(mode="json", exclude_none=True)
+        )
+    except (EngineError, VoicesFileError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    entry = VoiceSettings(
-        engine="chattts",
-        model=model,
-        spk_emb=spk_emb,
-        spk_emb_sha256=hashlib.sha256(spk_emb.encode()).hexdigest(),
-        fast_voice=(
-            args.fast_voice
-            if args.fast_voice == AUTO_FAST_VOICE or args.fast_voice in settings.voices
-            else None
-        ),
-        description=f"ChatTTS speaker from seed {args.seed}",
-    )
-    path = settings.voices_file
-    existing: dict[str, Any] = {}
-    if path.is_file():
-        existing = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    existing.setdefault("voices", {})[args.name] = entry.model_dump(mode="json", exclude_none=True)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(yaml.safe_dump(existing, sort_keys=False, width=1 << 20), encoding="utf-8")
-    tmp.replace(path)  # atomic: a crash never leaves half a voices file
-    print(f"voice {args.name!r} (seed {args.seed}) written to {path}")
+    print(f"voice {args.name!r} (seed {args.seed}) written to {settings.voices_file}")
     return 0
 
 
@@ -606,7 +571,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_CONFIG
     _setup_logging(settings, args.debug)
     from tts_bridge.engines.base import EngineError
-    from tts_bridge.service.journal import JournalError
+    from tts_bridge.mqtt.journal import JournalError
 
     try:
         return int(args.func(args, settings))

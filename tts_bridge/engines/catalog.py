@@ -23,7 +23,7 @@ from tts_bridge.engines.base import Engine, EngineError, Precision, SynthesisOpt
 if TYPE_CHECKING:
     from tts_bridge.config import VoiceSettings
     from tts_bridge.engines.registry import EnginePool, Voice
-    from tts_bridge.speech.hardware import OnnxSessionPlan
+    from tts_bridge.hardware import OnnxSessionPlan
 
     VoiceFactory = Callable[[str, VoiceSettings, Path | None], list[Voice]]
     """Builds the voices of one configured voice: (its name, its settings, its model path)."""

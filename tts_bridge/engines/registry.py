@@ -30,12 +30,12 @@ from tts_bridge.config import AUTO_FAST_VOICE, Settings, VoiceSettings
 from tts_bridge.engines import catalog
 from tts_bridge.engines.base import Engine, EngineError, Precision, Tier
 from tts_bridge.engines.catalog import EngineContext
+from tts_bridge.hardware import OnnxSessionPlan
 from tts_bridge.manifests import FileHasher, ModelFileError
-from tts_bridge.speech.hardware import OnnxSessionPlan
 
 if TYPE_CHECKING:
     from tts_bridge.engines.catalog import VoiceFactory
-    from tts_bridge.speech.hardware import ThreadPlan
+    from tts_bridge.hardware import ThreadPlan
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -471,7 +471,7 @@ def _session_plan(
     synthesis = settings.synthesis
     intra = threads or synthesis.onnx_threads or len(os.sched_getaffinity(0))
     if synthesis.onnx_spinning == "auto":
-        from tts_bridge.speech.hardware import choose_spinning, detect_hardware
+        from tts_bridge.hardware import choose_spinning, detect_hardware
 
         spinning, _ = choose_spinning(
             "auto", detect_hardware(), threads=intra, concurrency=synthesis.workers or 1

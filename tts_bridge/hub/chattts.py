@@ -12,7 +12,6 @@ the torch extra) goes on from where it stopped.
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import json
 import logging
@@ -315,17 +314,17 @@ def _default_voice(settings: Settings, say: _Say) -> None:
     if DEFAULT_VOICE in settings.voices:
         say(f"voice {DEFAULT_VOICE!r} exists; kept as it is")
         return
-    from tts_bridge.cli.main import cmd_voices_new
+    from tts_bridge.engines.base import EngineError
+    from tts_bridge.voices_file import VoicesFileError, chattts_voice_from_seed, write_voice
 
-    args = argparse.Namespace(
-        name=DEFAULT_VOICE,
-        seed=DEFAULT_SEED,
-        model=Path(CHATTTS_DIR),
-        fast_voice=AUTO_FAST_VOICE,
-        force=False,
-    )
-    if cmd_voices_new(args, settings) != 0:
-        raise HubError(f"making the voice {DEFAULT_VOICE!r} failed (see above)")
+    try:
+        entry = chattts_voice_from_seed(settings, DEFAULT_SEED, Path(CHATTTS_DIR), AUTO_FAST_VOICE)
+        write_voice(
+            settings.voices_file, DEFAULT_VOICE, entry.model_dump(mode="json", exclude_none=True)
+        )
+    except (EngineError, VoicesFileError, OSError) as exc:
+        raise HubError(f"making the voice {DEFAULT_VOICE!r} failed: {exc}") from exc
+    say(f"voice {DEFAULT_VOICE!r} (seed {DEFAULT_SEED}) written to {settings.voices_file}")
     say(
         f"ready: voice {DEFAULT_VOICE!r} (ChatTTS on the ONNX export, its INT8 fast tier "
         f"{DEFAULT_VOICE}_int8); start the bridge, or try: "

@@ -271,14 +271,9 @@ def _download(
 
 def _write_voice(settings: Settings, name: str, entry: Mapping[str, str]) -> None:
     """Add the voice to the voices file (merged with the configured voices, as `voices new`)."""
-    if not re.match(NAME_PATTERN, name):
-        raise HubError(f"voice name {name!r} must match {NAME_PATTERN}")
-    path = settings.voices_file
-    existing: dict[str, Any] = {}
-    if path.is_file():
-        existing = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    existing.setdefault("voices", {})[name] = dict(entry)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(yaml.safe_dump(existing, sort_keys=False, allow_unicode=True), encoding="utf-8")
-    tmp.replace(path)  # atomic: a crash never leaves half a voices file
+    from tts_bridge.voices_file import VoicesFileError, write_voice
+
+    try:
+        write_voice(settings.voices_file, name, entry)
+    except VoicesFileError as exc:
+        raise HubError(str(exc)) from exc

@@ -1,1 +1,3 @@
-"""MQTT side of the bridge: topics and payloads (protocol) and the paho connection (client)."""
+"""The MQTT door: the paho connection (client), the contract's codecs (protocol, Hermes, Home
+Assistant discovery) and the front ends served over it (say, bridge API, reports, Hermes), with
+the outbox every answer leaves by and the journal that keeps accepted requests across a crash."""

@@ -7,7 +7,6 @@ import json
 import math
 import re
 import unicodedata
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -26,6 +25,7 @@ from pydantic import (
 from tts_bridge.config import LimitsSettings
 from tts_bridge.engines.base import SynthesisOptions, check_option_ranges
 from tts_bridge.formats import AudioFormat, FormatError
+from tts_bridge.wire import encode_json, new_id
 
 DEFAULT_TARGET = "default"
 _TARGET_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -143,10 +143,6 @@ def mqtt_safe(value: str) -> bool:
     """True when `value` may go into an MQTT UTF-8 string (no control, format or surrogate
     characters, which brokers refuse as a malformed packet)."""
     return not any(unicodedata.category(c)[0] == "C" for c in value)
-
-
-def new_id() -> str:
-    return uuid.uuid4().hex
 
 
 def _depth(value: Any) -> int:
@@ -437,12 +433,3 @@ def ok_response(request_id: str | int, data: dict[str, Any]) -> bytes:
 def error_response(request_id: str | int | None, code: str, message: str) -> bytes:
     body = {"status": "error", "id": request_id, "error": message, "code": code}
     return encode_json(body)
-
-
-def encode_json(body: Any) -> bytes:
-    """JSON as UTF-8 text; anything UTF-8 cannot carry (a lone surrogate from a request's id
-    or option key) is escaped as JSON ``\\uXXXX`` instead, so a refusal is always sent."""
-    try:
-        return json.dumps(body, ensure_ascii=False).encode()
-    except UnicodeEncodeError:
-        return json.dumps(body, ensure_ascii=True).encode()

@@ -30,7 +30,7 @@ from aiohttp import web
 from tts_bridge.audio import duration_ms, encode
 from tts_bridge.config import HttpSettings, Settings
 from tts_bridge.formats import AudioFormat
-from tts_bridge.service.audio_store import AudioStore
+from tts_bridge.web.audio_store import AudioStore
 
 _LOGGER = logging.getLogger(__name__)
 _ROUTE_PREFIX = "/audio/"

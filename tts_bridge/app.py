@@ -15,27 +15,27 @@ from typing import Protocol
 
 from tts_bridge.config import Settings
 from tts_bridge.faults import is_storage_fault
+from tts_bridge.hardware import ThreadPlan
 from tts_bridge.mqtt import discovery
+from tts_bridge.mqtt.api import BridgeApi
+from tts_bridge.mqtt.bridge import OFFLINE, Bridge
 from tts_bridge.mqtt.client import MqttConnection, OutgoingMessage
+from tts_bridge.mqtt.hermes import HermesFrontEnd
+from tts_bridge.mqtt.journal import Journal, JournalError
+from tts_bridge.mqtt.outbox import Connection, Outbox
 from tts_bridge.mqtt.protocol import Topics
-from tts_bridge.service import status_page
-from tts_bridge.service.api import BridgeApi
-from tts_bridge.service.bridge import OFFLINE, Bridge
-from tts_bridge.service.delivery import AudioDelivery
-from tts_bridge.service.hermes import HermesFrontEnd
-from tts_bridge.service.http import AudioServer
-from tts_bridge.service.journal import Journal, JournalError
-from tts_bridge.service.outbox import Connection, Outbox
-from tts_bridge.service.pipeline import Counters, Pipeline
-from tts_bridge.service.preferences import Preferences, restore_default_voice
-from tts_bridge.service.reports import Reports
-from tts_bridge.service.say import SayFrontEnd
-from tts_bridge.service.wyoming import WyomingServer
-from tts_bridge.speech.hardware import ThreadPlan
+from tts_bridge.mqtt.reports import Reports
+from tts_bridge.mqtt.say import SayFrontEnd
 from tts_bridge.speech.idle import IdleWork
+from tts_bridge.speech.pipeline import Counters, Pipeline
+from tts_bridge.speech.preferences import Preferences, restore_default_voice
 from tts_bridge.speech.routing import TierRouter
 from tts_bridge.speech.scheduler import Scheduler
 from tts_bridge.speech.synthesis import Synthesizer
+from tts_bridge.web import status_page
+from tts_bridge.web.delivery import AudioDelivery
+from tts_bridge.web.server import AudioServer
+from tts_bridge.wyoming.server import WyomingServer
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -50,7 +50,7 @@ class Server(Protocol):
 
 def thread_plan(settings: Settings) -> ThreadPlan:
     """The hardware plan, with the settings' explicit values taking precedence."""
-    from tts_bridge.speech.hardware import plan_for_settings
+    from tts_bridge.hardware import plan_for_settings
 
     return plan_for_settings(settings)
 

@@ -15,12 +15,12 @@ from typing import Any
 from tts_bridge.config import Settings
 from tts_bridge.engines.registry import UnknownVoiceError
 from tts_bridge.mqtt.client import IncomingMessage
+from tts_bridge.mqtt.frontend import MqttFrontEnd, shared
+from tts_bridge.mqtt.outbox import Outbox, ReplyTo
 from tts_bridge.mqtt.protocol import ProtocolError, api_response, parse_api_request
-from tts_bridge.service.frontend import MqttFrontEnd, shared
-from tts_bridge.service.outbox import Outbox, ReplyTo
-from tts_bridge.service.pipeline import Pipeline, SpeechError
-from tts_bridge.service.preferences import Preferences, PreferencesError
-from tts_bridge.service.reports import Reports
+from tts_bridge.mqtt.reports import Reports
+from tts_bridge.speech.pipeline import Pipeline, SpeechError
+from tts_bridge.speech.preferences import Preferences, PreferencesError
 from tts_bridge.speech.synthesis import RequestError
 
 _LOGGER = logging.getLogger(__name__)

@@ -34,9 +34,13 @@ from zeroconf.asyncio import AsyncServiceInfo, AsyncZeroconf
 from tests.support.harness import BASE_TOPIC, BridgeFactory, ProbeFactory, bridge_api
 from tts_bridge.config import Settings, WyomingSettings, load_settings
 from tts_bridge.engines.registry import EnginePool
-from tts_bridge.service.pipeline import Counters, Pipeline
-from tts_bridge.service.wyoming import WyomingServer, announcement, register
-from tts_bridge.service.wyoming_events import (
+from tts_bridge.speech.cache import SentenceCache
+from tts_bridge.speech.idle import IdleWork
+from tts_bridge.speech.pipeline import Counters, Pipeline
+from tts_bridge.speech.routing import TierRouter
+from tts_bridge.speech.scheduler import Scheduler
+from tts_bridge.speech.synthesis import Synthesizer
+from tts_bridge.wyoming.events import (
     SERVICE_TYPE,
     RequestedVoice,
     SentenceStream,
@@ -45,11 +49,7 @@ from tts_bridge.service.wyoming_events import (
     choose_voice,
     service_info,
 )
-from tts_bridge.speech.cache import SentenceCache
-from tts_bridge.speech.idle import IdleWork
-from tts_bridge.speech.routing import TierRouter
-from tts_bridge.speech.scheduler import Scheduler
-from tts_bridge.speech.synthesis import Synthesizer
+from tts_bridge.wyoming.server import WyomingServer, announcement, register
 
 MAX_TEXT_CHARS = 300
 TIMEOUT_S = 60.0
@@ -470,7 +470,7 @@ def test_unknown_events_are_ignored(running: Running) -> None:
 def test_a_taken_port_is_logged_and_shown_not_served(
     settings: Settings, synth: Synthesizer, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from tts_bridge.service import status_page
+    from tts_bridge.web import status_page
 
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -482,7 +482,7 @@ def test_a_taken_port_is_logged_and_shown_not_served(
         router = TierRouter(600_000, 0.7)
         pipeline = Pipeline(busy, synth, Scheduler(1, 4), router, IdleWork(busy, synth), Counters())
         server = WyomingServer(busy, pipeline)
-        with caplog.at_level("ERROR", logger="tts_bridge.service.wyoming"):
+        with caplog.at_level("ERROR", logger="tts_bridge.wyoming.server"):
             server.start()
         try:
             assert not server.serving

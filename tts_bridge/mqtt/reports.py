@@ -13,10 +13,10 @@ from tts_bridge import __version__
 from tts_bridge.config import Settings
 from tts_bridge.mqtt import discovery
 from tts_bridge.mqtt.client import IncomingMessage, OutgoingMessage
-from tts_bridge.mqtt.protocol import encode_json
-from tts_bridge.service.frontend import MqttFrontEnd
-from tts_bridge.service.outbox import Outbox
-from tts_bridge.service.pipeline import Pipeline
+from tts_bridge.mqtt.frontend import MqttFrontEnd
+from tts_bridge.mqtt.outbox import Outbox
+from tts_bridge.speech.pipeline import Pipeline
+from tts_bridge.wire import encode_json
 
 _LOGGER = logging.getLogger(__name__)
 

@@ -18,10 +18,10 @@ from typing import Literal
 from tts_bridge.audio import EncodeError, encode
 from tts_bridge.config import Settings
 from tts_bridge.formats import AudioFormat
-from tts_bridge.mqtt.protocol import encode_json
-from tts_bridge.service.http import AudioServer, PublishedAudio
-from tts_bridge.service.pipeline import SpeechError
+from tts_bridge.speech.pipeline import SpeechError
 from tts_bridge.speech.synthesis import Rendering
+from tts_bridge.web.server import AudioServer, PublishedAudio
+from tts_bridge.wire import encode_json
 
 _LOGGER = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from tts_bridge.mqtt.hermes import (
+from tts_bridge.mqtt.hermes_protocol import (
     ERROR,
     PLAY_FINISHED_ALL,
     SAY,
@@ -398,7 +398,7 @@ def test_a_failing_callback_is_logged_and_the_tracker_goes_on(
 
     tracker = FinishTracker(callback, margin_s=30.0)
     try:
-        with caplog.at_level(logging.ERROR, logger="tts_bridge.mqtt.hermes"):
+        with caplog.at_level(logging.ERROR, logger="tts_bridge.mqtt.hermes_protocol"):
             tracker.track(make_say("bad"), duration_s=1.0)
             assert tracker.on_play_finished("kitchen", finished("bad")) is True
         assert "sayFinished callback failed for bad" in caplog.text

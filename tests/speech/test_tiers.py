@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from tests.support.fake import BASE, FakeConnection, Services, body, hold_worker
-from tts_bridge.service.app import Service
+from tts_bridge.app import Service
 
 RESPONSE = f"{BASE}/bridge/response/say"
 WAIT_S = 60.0

@@ -23,12 +23,12 @@ from typing import Any
 
 from tts_bridge.config import Settings
 from tts_bridge.mqtt.client import IncomingMessage, OutgoingMessage
-from tts_bridge.mqtt.protocol import encode_json
-from tts_bridge.service.frontend import MqttFrontEnd
-from tts_bridge.service.journal import DEFAULT_MAX_ATTEMPTS, Journal
-from tts_bridge.service.outbox import Connection, Outbox
-from tts_bridge.service.pipeline import Pipeline
-from tts_bridge.service.say import SayFrontEnd
+from tts_bridge.mqtt.frontend import MqttFrontEnd
+from tts_bridge.mqtt.journal import DEFAULT_MAX_ATTEMPTS, Journal
+from tts_bridge.mqtt.outbox import Connection, Outbox
+from tts_bridge.mqtt.say import SayFrontEnd
+from tts_bridge.speech.pipeline import Pipeline
+from tts_bridge.wire import encode_json
 
 _LOGGER = logging.getLogger(__name__)
 _JOURNAL_RETRY_S = 60.0

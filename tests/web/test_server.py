@@ -22,11 +22,12 @@ import soundfile
 
 from tests.support.fake import BASE, Services, body
 from tests.support.web import raw_request
+from tts_bridge import app
 from tts_bridge.config import HttpSettings, load_settings
 from tts_bridge.formats import AudioFormat
-from tts_bridge.service import app, status_page
-from tts_bridge.service.audio_store import AudioStore
-from tts_bridge.service.http import AudioServer
+from tts_bridge.web import status_page
+from tts_bridge.web.audio_store import AudioStore
+from tts_bridge.web.server import AudioServer
 
 RATE = 22050
 

@@ -15,7 +15,7 @@ import numpy.typing as npt
 import pytest
 import soundfile
 
-from tests.service.test_say import (
+from tests.mqtt.test_say import (
     JOE_RATE,
     REPLY,
     SAY,
@@ -221,7 +221,7 @@ def taken_port() -> Iterator[int]:
 def test_a_port_in_use_is_logged_and_mqtt_keeps_serving(
     services: Services, taken_port: int, caplog: pytest.LogCaptureFixture
 ) -> None:
-    with caplog.at_level(logging.ERROR, logger="tts_bridge.service.app"):
+    with caplog.at_level(logging.ERROR, logger="tts_bridge.app"):
         service, conn = services(
             http={"port": taken_port}, targets={"esp": {"payload": "url"}, "hall": {}}
         )

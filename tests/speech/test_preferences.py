@@ -16,7 +16,7 @@ import pytest
 
 from tts_bridge.config import Settings
 from tts_bridge.engines.registry import EnginePool
-from tts_bridge.service.preferences import (
+from tts_bridge.speech.preferences import (
     FILE_NAME,
     Preferences,
     PreferencesError,
@@ -100,7 +100,7 @@ def test_a_writer_killed_at_any_moment_leaves_a_whole_file(tmp_path: Path) -> No
     script = textwrap.dedent(
         f"""
         from pathlib import Path
-        from tts_bridge.service.preferences import Preferences
+        from tts_bridge.speech.preferences import Preferences
         p = Preferences(Path({str(path)!r}))
         print("ready", flush=True)
         while True:

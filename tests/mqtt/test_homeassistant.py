@@ -11,7 +11,7 @@ from typing import Any
 from tests.support.fake import BASE, FakeConnection, Services, body
 from tts_bridge.mqtt import discovery
 from tts_bridge.mqtt.client import OutgoingMessage
-from tts_bridge.service.http import AudioServer
+from tts_bridge.web.server import AudioServer
 
 RESPONSE = f"{BASE}/bridge/response/say"
 EVENT = f"{BASE}/bridge/event"

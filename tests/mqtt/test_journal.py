@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.fullfs import small_tmpfs
-from tts_bridge.service.journal import (
+from tts_bridge.mqtt.journal import (
     AcceptResult,
     AcceptStatus,
     Journal,
@@ -166,7 +166,7 @@ _CHILD = textwrap.dedent(
     """
     import json, sys, time
     from pathlib import Path
-    from tts_bridge.service.journal import Journal, request_key
+    from tts_bridge.mqtt.journal import Journal, request_key
 
     journal = Journal(Path(sys.argv[1]))
     def accept(request_id):
@@ -330,7 +330,7 @@ def test_full_disk_accepts_unjournaled_then_recovers(
         before = _accept(journal, served)
         assert before.status is AcceptStatus.NEW and before.ack_now
         fs.fill()
-        caplog.set_level(logging.WARNING, logger="tts_bridge.service.journal")
+        caplog.set_level(logging.WARNING, logger="tts_bridge.mqtt.journal")
         results = [
             _accept(journal, request_key(TOPIC, TEXT, request_id=f"full-{i}")) for i in range(5)
         ]

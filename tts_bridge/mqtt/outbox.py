@@ -27,8 +27,9 @@ from tts_bridge.audio import encode_wav
 from tts_bridge.config import Settings
 from tts_bridge.mqtt import discovery
 from tts_bridge.mqtt.client import IncomingMessage, OutgoingMessage, PublishResult
-from tts_bridge.mqtt.protocol import Topics, error_response, new_id, response_topic_refusal
+from tts_bridge.mqtt.protocol import Topics, error_response, response_topic_refusal
 from tts_bridge.speech.synthesis import AudioPart
+from tts_bridge.wire import new_id
 
 _LOGGER = logging.getLogger(__name__)
 

@@ -19,27 +19,27 @@ from dataclasses import dataclass
 
 from tts_bridge.config import Settings
 from tts_bridge.mqtt.client import IncomingMessage
-from tts_bridge.mqtt.protocol import (
-    ProtocolError,
-    SayRequest,
-    check_audio_seconds,
-    encode_json,
-    ok_response,
-    parse_say,
-)
-from tts_bridge.service.delivery import AudioDelivery, Delivered, DeliveryError, link_message
-from tts_bridge.service.frontend import MqttFrontEnd, shared
-from tts_bridge.service.journal import (
+from tts_bridge.mqtt.frontend import MqttFrontEnd, shared
+from tts_bridge.mqtt.journal import (
     AcceptStatus,
     Journal,
     JournalEntry,
     JournalError,
     request_key,
 )
-from tts_bridge.service.outbox import AudioTooLargeError, Delivery, Outbox, ReplyTo
-from tts_bridge.service.pipeline import Pipeline, SpeechError, SpeechJob
+from tts_bridge.mqtt.outbox import AudioTooLargeError, Delivery, Outbox, ReplyTo
+from tts_bridge.mqtt.protocol import (
+    ProtocolError,
+    SayRequest,
+    check_audio_seconds,
+    ok_response,
+    parse_say,
+)
+from tts_bridge.speech.pipeline import Pipeline, SpeechError, SpeechJob
 from tts_bridge.speech.synthesis import AudioPart, SentenceAudio
 from tts_bridge.textlog import short
+from tts_bridge.web.delivery import AudioDelivery, Delivered, DeliveryError, link_message
+from tts_bridge.wire import encode_json
 
 _LOGGER = logging.getLogger(__name__)
 POISON_CODE = "poison_request"

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tts_bridge.config import load_settings
-from tts_bridge.speech.hardware import (
+from tts_bridge.hardware import (
     Hardware,
     OnnxSessionPlan,
     ThreadPlan,
@@ -325,7 +325,7 @@ def test_overrides(
 def test_oversubscribing_overrides_are_kept_with_a_warning(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    with caplog.at_level(logging.WARNING, logger="tts_bridge.speech.hardware"):
+    with caplog.at_level(logging.WARNING, logger="tts_bridge.hardware"):
         plan = plan_threads(PI4, {"synthesis_concurrency": 2, "onnx_intra_op_threads": 4})
 
     assert (plan.synthesis_concurrency, plan.onnx_intra_op_threads, plan.torch_threads) == (2, 4, 4)
@@ -585,7 +585,7 @@ def test_apply_process_limits_sets_os_environ_and_warns_when_too_late(
     monkeypatch.setitem(sys.modules, "torch", types.ModuleType("torch"))
     plan = replace(plan_threads(DESKTOP), torch_threads=3)
 
-    with caplog.at_level(logging.WARNING, logger="tts_bridge.speech.hardware"):
+    with caplog.at_level(logging.WARNING, logger="tts_bridge.hardware"):
         applied = apply_process_limits(plan)
 
     assert applied == dict.fromkeys(

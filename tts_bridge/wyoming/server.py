@@ -41,9 +41,11 @@ from zeroconf.asyncio import AsyncZeroconf
 from tts_bridge import __version__, audio
 from tts_bridge.config import Settings, WyomingSettings
 from tts_bridge.engines.base import Tier
-from tts_bridge.mqtt.protocol import new_id
-from tts_bridge.service.pipeline import Pipeline, SpeechError, SpeechJob
-from tts_bridge.service.wyoming_events import (
+from tts_bridge.speech.pipeline import Pipeline, SpeechError, SpeechJob
+from tts_bridge.speech.synthesis import AudioPart, Rendering, RequestError
+from tts_bridge.textlog import short
+from tts_bridge.wire import new_id
+from tts_bridge.wyoming.events import (
     RequestedVoice,
     SentenceStream,
     VoiceEntry,
@@ -59,8 +61,6 @@ from tts_bridge.service.wyoming_events import (
     requested_voice,
     service_info,
 )
-from tts_bridge.speech.synthesis import AudioPart, Rendering, RequestError
-from tts_bridge.textlog import short
 
 _LOGGER = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ from tests.support.harness import (
     request_properties,
 )
 from tts_bridge.bench.localbroker import LocalBroker
-from tts_bridge.service.journal import DEFAULT_MAX_ATTEMPTS, Journal, request_key
+from tts_bridge.mqtt.journal import DEFAULT_MAX_ATTEMPTS, Journal, request_key
 
 BASE = "tts_bridge"
 RESPONSE = f"{BASE}/bridge/response/say"

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.service.test_say import say, say_json, wait_audio, wait_response
+from tests.mqtt.test_say import say, say_json, wait_audio, wait_response
 from tests.support.answers import assert_error
 from tests.support.fake import BASE, Services, body, journal_of, props
 from tests.support.fullfs import small_tmpfs
 from tts_bridge.engines.piper import bundled_model
-from tts_bridge.service.journal import DEFAULT_MAX_ATTEMPTS
+from tts_bridge.mqtt.journal import DEFAULT_MAX_ATTEMPTS
 
 SAY = f"{BASE}/say"
 RESPONSE = f"{BASE}/bridge/response/say"
@@ -290,7 +290,7 @@ def test_an_allow_list_limits_response_topics(services: Services) -> None:
 def test_a_refused_audio_publish_answers_not_authorized(
     services: Services, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.ERROR, logger="tts_bridge.service.say")
+    caplog.set_level(logging.ERROR, logger="tts_bridge.mqtt.say")
     service, conn = services()
     conn.refuse(f"{BASE}/audio/denied")
     for n in range(3):
@@ -317,7 +317,7 @@ def test_a_refused_stream_publish_answers_not_authorized(services: Services) -> 
 def test_retained_requests_are_acked_and_not_executed(
     services: Services, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="tts_bridge.service.bridge")
+    caplog.set_level(logging.WARNING, logger="tts_bridge.mqtt.bridge")
     service, conn = services(scheduler={"idle_enabled": False})
     since = say_json(conn, {"text": "Cached.", "id": "r-0"})
     assert wait_response(conn, since, request_id="r-0")["status"] == "ok"

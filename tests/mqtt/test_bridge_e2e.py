@@ -255,7 +255,7 @@ class BadInput:
     """The id the error response must echo (None: any non-empty id, generated if need be)."""
 
 
-# Every error code is covered in process (tests/service/test_say.py); these go through the
+# Every error code is covered in process (tests/mqtt/test_say.py); these go through the
 # real process and broker: a refused payload does not cost the connection or the process.
 BAD_INPUTS: dict[str, BadInput] = {
     "invalid-utf8": BadInput(b"\xff\xfe\xfa", "invalid_utf8"),

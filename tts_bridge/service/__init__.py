@@ -1,1 +1,0 @@
-"""The running service: builds everything once, and one module per front end."""

@@ -1,0 +1,25 @@
+"""Encodings every door shares: request ids and JSON that always encodes.
+
+The MQTT answers, the Wyoming server and the audio links all name requests and send JSON; keeping
+both here means no door borrows them from another door's codec.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+
+def new_id() -> str:
+    """A fresh request id (32 hex characters) for a request that came without one."""
+    return uuid.uuid4().hex
+
+
+def encode_json(body: Any) -> bytes:
+    """JSON as UTF-8 text; anything UTF-8 cannot carry (a lone surrogate from a request's id
+    or option key) is escaped as JSON ``\\uXXXX`` instead, so a refusal is always sent."""
+    try:
+        return json.dumps(body, ensure_ascii=False).encode()
+    except UnicodeEncodeError:
+        return json.dumps(body, ensure_ascii=True).encode()
