@@ -246,14 +246,18 @@ class IdleWork:
         started = time.perf_counter()
         try:
             self._synth.sentence(voice, 0, item.sentence, self._synth.options_for(voice), True)
-            self.done[item.kind] += 1
-            _LOGGER.info("Idle: %s %s in %s", item.kind, short(item.sentence), voice.name)
         except SynthesisInterruptedError:
             self._gave_way(1, started)
             return  # still queued: rendered again at the next idle moment
         except Exception as exc:  # one bad sentence must not stall the idle queue
             _LOGGER.warning("Idle %s of %s failed: %s", item.kind, short(item.sentence), exc)
+            self._finish(item)
+            return
+        # Off the queue before it counts as done: the health report never shows an item both
+        # done and pending.
         self._finish(item)
+        self.done[item.kind] += 1
+        _LOGGER.info("Idle: %s %s in %s", item.kind, short(item.sentence), voice.name)
 
     def _gave_way(self, sentences: int, started: float) -> None:
         self.interrupted += 1
@@ -289,8 +293,8 @@ class IdleWork:
             " | ".join(short(item.sentence) for item in items),
         )
         for item in items:
-            self.done[item.kind] += 1
             self._finish(item)
+            self.done[item.kind] += 1
 
 
 def _split_upgrade(key: str) -> tuple[str, str]:
