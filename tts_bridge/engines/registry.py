@@ -78,6 +78,11 @@ class Voice:
     """ChatTTS voices (``engine: chattts``): the backend serving it now; None for the others."""
     backend_note: str = ""
     """Why that backend: auto's choice, or the reason of a fallback to torch."""
+    spec: catalog.EngineSpec = field(init=False, compare=False, repr=False)
+    """The declaration of its configured kind (``settings.engine``), resolved once."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "spec", catalog.spec(self.settings.engine))
 
 
 @dataclass
@@ -299,19 +304,19 @@ class EnginePool:
         configured = self.settings.voices.get(voice.name)
         if configured is None or configured.fast_voice != AUTO_FAST_VOICE:
             return fast
-        own_cost = catalog.spec(voice.settings.engine).seed_seconds_per_char
+        own_cost = voice.spec.seed_seconds_per_char
         candidates = [
             v
             for v in self._voices.values()
             if v is not voice
             and language in v.engine.languages
-            and catalog.spec(v.settings.engine).seed_seconds_per_char < own_cost
+            and v.spec.seed_seconds_per_char < own_cost
         ]
         if not candidates:
             return fast
         return min(
             candidates,
-            key=lambda v: (v.tier != "fast", catalog.spec(v.settings.engine).seed_seconds_per_char),
+            key=lambda v: (v.tier != "fast", v.spec.seed_seconds_per_char),
         )
 
     def engines(self) -> list[Engine]:

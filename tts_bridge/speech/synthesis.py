@@ -19,7 +19,6 @@ import numpy as np
 
 from tts_bridge import audio
 from tts_bridge.config import Settings
-from tts_bridge.engines import catalog
 from tts_bridge.engines.base import (
     BatchEngine,
     Engine,
@@ -224,7 +223,7 @@ class Synthesizer:
         """
         fields: dict[str, Any] = {"speed": voice.settings.speed, **voice.settings.options}
         fields.update(overrides or {})
-        kind = catalog.spec(voice.engine.name).options
+        kind = voice.spec.options
         names = [f.name for f in dataclasses.fields(kind) if f.init]
         known = ", ".join(names)
         unknown = [name for name in fields if name not in names]
