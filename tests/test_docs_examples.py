@@ -1,6 +1,7 @@
-"""The README's examples work when pasted: its "Try it" shell commands run as written against a
-private broker and a real bridge (only the broker's host and port are added), and its Node-RED
-flow is one Node-RED can import and that sends a fresh id each press."""
+"""The manual's examples work when pasted: the "Try it" page's shell commands (the README's
+"Try it" section, which the page includes) run as written against a private broker and a real
+bridge (only the broker's host and port are added), and the Node-RED page's flow is one Node-RED
+can import and that sends a fresh id each press."""
 
 from __future__ import annotations
 
@@ -17,15 +18,29 @@ from tests.support.answers import parse_wav
 from tests.support.harness import REPO_ROOT, BridgeFactory, ProbeFactory, ReceivedMessage
 from tts_bridge.bench.localbroker import LocalBroker
 
-README = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+DOCS = REPO_ROOT / "docs"
 _MOSQUITTO_RE = re.compile(r"\b(mosquitto_(?:pub|sub|rr))\b")
 _SHELL_TIMEOUT_S = 240.0
+# pymdownx.snippets' include line: --8<-- "FILE" or --8<-- "FILE:SECTION" (mkdocs.yml's
+# base_path is the repository root), and the section markers inside the included file.
+_SNIPPET_RE = re.compile(r'^--8<-- "([^":]+)(?::([\w-]+))?"$', re.M)
 
 
-def _section(title: str) -> str:
-    start = README.index(f"\n## {title}\n")
-    end = README.find("\n## ", start + 1)
-    return README[start : end if end != -1 else None]
+def _section_of(text: str, name: str) -> str:
+    start = re.search(rf"^.*--8<-- \[start:{re.escape(name)}\].*$", text, re.M)
+    end = re.search(rf"^.*--8<-- \[end:{re.escape(name)}\].*$", text, re.M)
+    assert start and end and start.end() < end.start(), f"no snippet section {name!r}"
+    return text[start.end() : end.start()]
+
+
+def _page(relative: str) -> str:
+    """A docs page's Markdown as the site shows it: its snippet includes expanded."""
+
+    def include(match: re.Match[str]) -> str:
+        text = (REPO_ROOT / match[1]).read_text(encoding="utf-8")
+        return _section_of(text, match[2]) if match[2] else text
+
+    return _SNIPPET_RE.sub(include, (DOCS / relative).read_text(encoding="utf-8"))
 
 
 def _blocks(section: str, language: str) -> list[str]:
@@ -34,7 +49,18 @@ def _blocks(section: str, language: str) -> list[str]:
 
 def _mqtt_blocks() -> list[str]:
     """The "Try it" shell blocks that talk to the broker (the others need no broker)."""
-    return [b for b in _blocks(_section("Try it"), "sh") if _MOSQUITTO_RE.search(b)]
+    return [b for b in _blocks(_page("usage/try-it.md"), "sh") if _MOSQUITTO_RE.search(b)]
+
+
+def test_the_try_it_page_shows_the_readme_section() -> None:
+    """The README's "Try it" and the site's page are one text, so the examples run here are
+    the ones both show."""
+    readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+    heading = readme.index("\n## Try it\n")
+    section = _section_of(readme, "try-it")
+    assert readme.index(section) > heading
+    assert readme.find("\n## ", heading + 1) > readme.index(section), "in the Try it section"
+    assert section.strip() in _page("usage/try-it.md")
 
 
 def _runnable(block: str, broker: LocalBroker) -> str:
@@ -72,7 +98,7 @@ def test_try_it_examples_work_when_pasted(
     tmp_path: Path, broker: LocalBroker, bridge_factory: BridgeFactory, probe_factory: ProbeFactory
 ) -> None:
     blocks = _mqtt_blocks()
-    assert len(blocks) >= 2, "the Try it section lost its MQTT examples"
+    assert len(blocks) >= 2, "the Try it page lost its MQTT examples"
     bridge_factory()
     probe = probe_factory("tts_bridge/bridge/response/say")
     work = tmp_path / "pasted"
@@ -101,7 +127,7 @@ def test_try_it_examples_work_when_pasted(
                 is_answer,
                 120,
                 since=since,
-                what=f"the answer to the README's {request_id}",
+                what=f"the answer to the Try it page's {request_id}",
             )
             assert found.json()["status"] == "ok", found.json()
 
@@ -121,8 +147,8 @@ _BROKER_FIELDS = {"name", "broker", "port", "clientid", "usetls", "protocolVersi
 
 
 def _flow() -> list[dict[str, Any]]:
-    blocks = _blocks(_section("Node-RED"), "json")
-    assert len(blocks) == 1, "the Node-RED section has one flow"
+    blocks = _blocks(_page("integrations/node-red.md"), "json")
+    assert len(blocks) == 1, "the Node-RED page has one flow"
     flow = json.loads(blocks[0])
     assert isinstance(flow, list)
     return flow
