@@ -13,10 +13,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from tests.support.answers import parse_wav
 from tests.support.harness import REPO_ROOT, BridgeFactory, ProbeFactory, ReceivedMessage
 from tts_bridge.bench.localbroker import LocalBroker
+from tts_bridge.config import Settings, load_settings
 
 DOCS = REPO_ROOT / "docs"
 _MOSQUITTO_RE = re.compile(r"\b(mosquitto_(?:pub|sub|rr))\b")
@@ -195,3 +197,50 @@ def test_node_red_inject_sends_a_fresh_id_each_press() -> None:
     expression = inject["payload"]
     assert re.search(r'"id"\s*:\s*[^,}]*\$millis\(\)', expression), expression
     assert '"text"' in expression
+
+
+# -- every YAML and JSON example -----------------------------------------------------------------
+
+
+def _examples(language: str) -> list[tuple[str, str]]:
+    """(page, block) for every fenced block of `language` on every page, includes expanded."""
+    return [
+        (str(page.relative_to(DOCS)), block)
+        for page in sorted(DOCS.rglob("*.md"))
+        for block in _blocks(_page(str(page.relative_to(DOCS))), language)
+    ]
+
+
+def test_every_yaml_and_json_example_parses() -> None:
+    yaml_blocks, json_blocks = _examples("yaml"), _examples("json")
+    assert len(yaml_blocks) >= 10 and len(json_blocks) >= 5, "the examples were not found"
+    for page, block in yaml_blocks:
+        try:
+            yaml.safe_load(block)
+        except yaml.YAMLError as exc:
+            pytest.fail(f"{page}: a YAML example does not parse: {exc}\n{block}")
+    for page, block in json_blocks:
+        try:
+            json.loads(block)
+        except ValueError as exc:
+            pytest.fail(f"{page}: a JSON example does not parse: {exc}\n{block}")
+
+
+def test_configuration_examples_are_valid_settings(tmp_path: Path) -> None:
+    """A YAML example made only of the bridge's settings keys (the others are Home Assistant's)
+    loads as a configuration file: the keys exist and the values are valid."""
+    checked = 0
+    for page, block in _examples("yaml"):
+        data = yaml.safe_load(block)
+        if not isinstance(data, dict) or not set(data) <= set(Settings.model_fields):
+            continue
+        # A voices file of the user's own must not change what is checked.
+        data["voices_file"] = str(tmp_path / "no-voices.yaml")
+        path = tmp_path / "example.yaml"
+        path.write_text(yaml.safe_dump(data), encoding="utf-8")
+        try:
+            load_settings(path, environ={})
+        except Exception as exc:
+            pytest.fail(f"{page}: a configuration example is refused: {exc}\n{block}")
+        checked += 1
+    assert checked >= 5, f"only {checked} configuration examples found"
