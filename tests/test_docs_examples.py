@@ -1,7 +1,8 @@
 """The manual's examples work when pasted: the "Try it" page's shell commands (the README's
-"Try it" section, which the page includes) run as written against a private broker and a real
-bridge (only the broker's host and port are added), and the Node-RED page's flow is one Node-RED
-can import and that sends a fresh id each press."""
+"Try it" section, which the page includes) and the Rhasspy page's run as written against a
+private broker and a real bridge (only the broker's host and port are added), the Node-RED
+page's flow is one Node-RED can import and that sends a fresh id each press, and every YAML and
+JSON example parses (the bridge's configuration examples load as its configuration)."""
 
 from __future__ import annotations
 
@@ -96,13 +97,15 @@ def _exact_wav(path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_try_it_examples_work_when_pasted(
+def test_shell_examples_work_when_pasted(
     tmp_path: Path, broker: LocalBroker, bridge_factory: BridgeFactory, probe_factory: ProbeFactory
 ) -> None:
     blocks = _mqtt_blocks()
     assert len(blocks) >= 2, "the Try it page lost its MQTT examples"
-    bridge_factory()
+    # Hermes on, as the Rhasspy page's configuration turns it on, for that page's example.
+    bridge_factory(hermes={"enabled": True})
     probe = probe_factory("tts_bridge/bridge/response/say")
+    satellite = probe_factory("hermes/audioServer/+/playBytes/#")
     work = tmp_path / "pasted"
     work.mkdir()
 
@@ -132,6 +135,21 @@ def test_try_it_examples_work_when_pasted(
                 what=f"the answer to the Try it page's {request_id}",
             )
             assert found.json()["status"] == "ok", found.json()
+
+    # The Rhasspy page's say: the satellite it names gets the WAV under the id it gives.
+    hermes = [b for b in _blocks(_page("integrations/rhasspy.md"), "sh") if "hermes/" in b]
+    assert hermes, "the Rhasspy page lost its example"
+    for block in hermes:
+        site, request_id = re.findall(r'"(?:siteId|id)": "([^"]+)"', block)
+        topic = f"hermes/audioServer/{site}/playBytes/{request_id}"
+        since = satellite.mark()
+        _run(_runnable(block, broker), work)
+
+        def on_topic(m: ReceivedMessage, t: str = topic) -> bool:
+            return m.topic == t
+
+        heard = satellite.wait_for(on_topic, 120, since=since, what=f"the WAV on {topic}")
+        assert parse_wav(heard.payload).duration_s > 0.3
 
 
 # -- the Node-RED flow ---------------------------------------------------------------------------
