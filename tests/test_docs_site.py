@@ -26,9 +26,10 @@ def test_the_site_builds_strictly(tmp_path: Path) -> None:
     pytest.importorskip("mkdocs", reason="the docs extra is not installed (script/setup --dev)")
     pytest.importorskip("material", reason="the docs extra is not installed (script/setup --dev)")
     site = tmp_path / "site"
+    config = REPO_ROOT / "mkdocs.yml"
     done = subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)],
-        cwd=REPO_ROOT,  # the snippets' base path: pages include files by repository paths
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(config), "-d", str(site)],
+        cwd=tmp_path,  # includes are found from the config's folder, wherever mkdocs runs
         env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
         capture_output=True,
         text=True,
