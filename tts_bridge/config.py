@@ -239,7 +239,7 @@ class SynthesisSettings(_Section):
     """ChatTTS on ONNX, streamed requests: start with approximate audio once a few codes exist,
     instead of waiting for the decoders' lookahead (about 52 codes at full size); what is
     cached is exact. Off by default: on a 2-core CPU the previews' decodes leave short gaps in
-    playback where the exact stream plays smoothly after a longer wait (README, "Measured")."""
+    playback where the exact stream plays smoothly after a longer wait (docs/benchmarks.md)."""
     sentence_pause_ms: int = Field(250, ge=0, le=5000)
     """Silence placed between sentences when a message is assembled."""
     date_order: Literal["dmy", "mdy"] = "dmy"

@@ -124,7 +124,7 @@ def measure_cache_hits(
     """Real broker, real bridge process; time from publish to the subscriber receiving the WAV.
 
     With mosquitto's default `set_tcp_nodelay false`, Nagle's algorithm adds ~40-90 ms per
-    message on loopback; both settings are measured so the README can show the difference.
+    message on loopback; both settings are measured so the manual can show the difference.
     """
     import paho.mqtt.client as mqtt
     from paho.mqtt.enums import CallbackAPIVersion

@@ -36,7 +36,7 @@ Design choices:
   not the keys and values. With one cache tensor the in-graph concatenation copies the whole
   cache every step, a share of the step that grows with the batch and the length (near the
   30 s limit the copy rivals the weights); the two-part graph was faster at batch 1 and no
-  slower at batch 4 (the README has the profile). The engine folds ``present`` into ``past``
+  slower at batch 4 (docs/benchmarks.md has the profile). The engine folds ``present`` into ``past``
   every few dozen steps. Batch, sequence, past and recent
   lengths are dynamic, so one graph does the prefill (both parts empty) and every decode step.
 * **Heads at the last position only.** ChatTTS reads the logits and hidden state of the last

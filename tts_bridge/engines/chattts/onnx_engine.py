@@ -87,7 +87,7 @@ less time than the audio it becomes, and with the layers' caches a piece costs a
 decode plus a little per code, so each piece adds lead over playback and the next may be about
 half as large again. The first is small because the listener waits for it; the decoders'
 lookahead is paid once, before it. The bench (``tts-bridge bench --chattts``) times the first
-piece; the README has the figures these sizes were chosen from."""
+piece; docs/benchmarks.md has the figures these sizes were chosen from."""
 WINDOWED_CHUNK_CODES = (16, 20, 28, 40, 56, 80, 112, 160)
 """The same for exports without the streaming graphs (``StreamingDecoder``): each piece decodes
 its context again, a large fixed cost per piece, so the pieces start larger and grow a little

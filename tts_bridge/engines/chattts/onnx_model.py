@@ -321,7 +321,7 @@ def session_options(threads: int, *, arena: bool = True, spinning: bool = True) 
     default). A GPT step is a thousand small operators, so on cores of its own spinning makes
     the code loop markedly faster. When other processes want the cores it is a cliff instead:
     the pool waits on descheduled threads and the loop runs slower than without spinning
-    (the README has the figures). Turn it off where the thread plan expects to share the
+    (docs/benchmarks.md has the figures). Turn it off where the thread plan expects to share the
     cores.
     """
     import onnxruntime as ort

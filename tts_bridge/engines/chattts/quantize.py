@@ -4,7 +4,7 @@ Dynamic quantization stores MatMul weights as 8-bit integers and quantizes activ
 it needs no calibration data, which we could not have without the real weights anyway.
 
 Choices, measured on the full-size architecture with random weights (``python -m
-tts_bridge.bench.onnx_backends``; the figures are in the README):
+tts_bridge.bench.onnx_backends``; the figures are in docs/benchmarks.md):
 
 * **Weight type by CPU.** onnxruntime multiplies u8 activations by s8 (QInt8) weights. On x86
   CPUs with VNNI (``avx512_vnni``/``avx_vnni``) that is one exact instruction, and QInt8 was the
@@ -35,7 +35,7 @@ INT8 MatMul weights, about 110 MB less resident memory at full size. Nearly all 
 graphs' weights are the ConvNeXt blocks' pointwise MatMuls, so this is the same dynamic
 quantization as the GPT's (MatMul only, per tensor, the weight type by CPU); it also decoded
 faster than FP32. Its cost is in the waveform, measured against FP32 on the same hidden states
-(the README has the figures), and in streaming: the activations' scales are taken per call, so
+(docs/benchmarks.md has the figures), and in streaming: the activations' scales are per call, so
 the pieces of a streamed text no longer equal its one-shot audio bit for bit, only to within
 that same error. Weight-only 8-bit blocks (``MatMulNBits`` with float activations) would keep
 streaming exact, but decoded slower than FP32. ``int8`` itself is unchanged.
