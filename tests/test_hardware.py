@@ -24,7 +24,7 @@ from tts_bridge.hardware import (
     plan_threads,
 )
 
-DATA = Path(__file__).parent.parent / "data" / "hw"
+DATA = Path(__file__).parent / "data" / "hw"
 MIB = 1024 * 1024
 GIB = 1024 * MIB
 KB = 1024
