@@ -12,7 +12,6 @@ thread, so a long announcement never stalls the MQTT connection.
 from __future__ import annotations
 
 import logging
-import os
 import queue
 import re
 import shutil
@@ -32,6 +31,7 @@ from paho.mqtt.reasoncodes import ReasonCode
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from tts_bridge.config import MqttSettings
+from tts_bridge.durable import write_atomic
 from tts_bridge.mqtt.client import configure_tls
 
 _LOGGER = logging.getLogger(__name__)
@@ -104,10 +104,9 @@ def write_wav(out_dir: Path, message: AudioMessage, now: datetime | None = None)
         path = out_dir / f"{stem}-{n}.wav"
         n += 1
     # Written under a hidden name and renamed, so a program watching the folder never reads
-    # half a file.
-    partial = out_dir / f".{path.name}.part"
-    partial.write_bytes(message.payload)
-    os.replace(partial, path)
+    # half a file; readable by others like any file a shell writes (a player may run as
+    # another user).
+    write_atomic(path, message.payload, mode=0o644)
     return path
 
 
