@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -126,10 +125,8 @@ def measure_cache_hits(
     With mosquitto's default `set_tcp_nodelay false`, Nagle's algorithm adds ~40-90 ms per
     message on loopback; both settings are measured so the manual can show the difference.
     """
-    import paho.mqtt.client as mqtt
-    from paho.mqtt.enums import CallbackAPIVersion
-
     from tts_bridge.bench.localbroker import LocalBroker
+    from tts_bridge.mqtt.client import new_client
 
     base = "bench_tts"
     extra = ["set_tcp_nodelay true"] if broker_nodelay else []
@@ -147,12 +144,8 @@ def measure_cache_hits(
             elif msg.topic.startswith(f"{base}/audio/"):
                 received.set()
 
-        def on_socket_open(client: Any, userdata: Any, sock: Any) -> None:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-        client = mqtt.Client(CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv5)
+        client = new_client()
         client.on_message = on_message
-        client.on_socket_open = on_socket_open
         client.connect(broker.host, broker.port)
         client.subscribe([(f"{base}/audio/#", 1), (f"{base}/bridge/state", 1)])
         client.loop_start()

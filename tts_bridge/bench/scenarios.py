@@ -12,7 +12,6 @@ Latency is measured at an MQTT subscriber, from publish to the audio's arrival.
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import tempfile
@@ -79,10 +78,8 @@ class _Session:
 
 @contextmanager
 def _session(settings: Settings, workdir: Path, overrides: dict[str, Any]) -> Iterator[_Session]:
-    import paho.mqtt.client as mqtt
-    from paho.mqtt.enums import CallbackAPIVersion
-
     from tts_bridge.bench.localbroker import LocalBroker
+    from tts_bridge.mqtt.client import new_client
 
     with LocalBroker(workdir / "broker", extra_config=["set_tcp_nodelay true"]) as broker:
         config = settings.model_dump(mode="json")
@@ -105,18 +102,14 @@ def _session(settings: Settings, workdir: Path, overrides: dict[str, Any]) -> It
             stdout=log,
             stderr=subprocess.STDOUT,
         )
-        client = mqtt.Client(CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv5)
+        client = new_client()
         session = _Session(client)
 
         def on_message(c: Any, u: Any, msg: Any) -> None:
             props = dict(getattr(msg.properties, "UserProperty", None) or [])
             session.record(msg.topic, props, bytes(msg.payload))
 
-        def on_socket_open(c: Any, u: Any, sock: Any) -> None:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
         client.on_message = on_message
-        client.on_socket_open = on_socket_open
         client.connect(broker.host, broker.port)
         client.subscribe([(f"{BASE}/#", 1)])
         client.loop_start()
