@@ -42,11 +42,9 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
-
-import numpy as np
 
 from tts_bridge import __version__
 from tts_bridge.bench.bandwidth import memory_bandwidth, step_floors
@@ -65,10 +63,12 @@ from tts_bridge.engines.chattts.common import (
     TOKENS_PER_SECOND,
     expected_seconds,
 )
-from tts_bridge.engines.chattts.speaker import SPK_STAT_FORMAT
+from tts_bridge.engines.chattts.random_checkpoint import (
+    OFFICIAL,
+    official_sections,
+    write_random_checkpoint,
+)
 from tts_bridge.engines.chattts.torch_engine import (
-    NUM_AUDIO_TOKENS,
-    NUM_VQ,
     SPK_STAT_FILE,
     _release_freed_heap,
     read_checkpoint,
@@ -82,14 +82,6 @@ _LOGGER = logging.getLogger(__name__)
 
 NOTE = "full-size architecture, random weights: speed and memory are real, sound is not"
 MODEL_NAME = "chattts-bench"
-OFFICIAL_HIDDEN_SIZE = 768
-OFFICIAL_LAYERS = 20
-HEAD_DIM = 64
-"""Official: 12 heads of 64 for hidden 768; smaller test models keep the head width."""
-NUM_TEXT_TOKENS = 21178
-"""bert-base-chinese's 21128 tokens plus ChatTTS's 50 control tokens (Embed and head_text)."""
-LLAMA_VOCAB_SIZE = 32000
-"""The official gpt/config.json keeps LlamaConfig's default; ChatTTS deletes that embedding."""
 PRECISIONS = ("fp32", "int8")
 TORCH_CASES = ("torch-fp32", "torch-int8")
 ONNX_CASES = ("onnx-fp32", "onnx-int8", "onnx-int8-all", "onnx-int4")
@@ -121,233 +113,6 @@ SPEED_LEVEL = 5
 def default_first_audio_codes(text: str = FIRST_AUDIO_TEXT) -> int:
     """The engine's own length estimate of ``text`` in codes (106 for the announcement)."""
     return math.ceil(expected_seconds(text, SPEED_LEVEL) * TOKENS_PER_SECOND)
-
-
-BERT_SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
-# ChatTTS's 50 tokens in upstream order; [break_0] must rank above every ordinary token.
-CHATTTS_SPECIAL_TOKENS: tuple[str, ...] = (
-    "[Sasr]", "[Pasr]", "[Easr]", "[Stts]", "[Ptts]", "[Etts]",
-    "[Sbreak]", "[Pbreak]", "[Ebreak]", "[uv_break]", "[v_break]",
-    "[lbreak]", "[llbreak]", "[undefine]", "[laugh]", "[spk_emb]", "[empty_spk]",
-    "[music]", "[pure]",
-    *(f"[break_{i}]" for i in range(8)),
-    *(f"[laugh_{i}]" for i in range(3)),
-    *(f"[oral_{i}]" for i in range(10)),
-    *(f"[speed_{i}]" for i in range(10)),
-)  # fmt: skip
-
-
-# -- the checkpoint -------------------------------------------------------------------------------
-
-
-def write_random_checkpoint(
-    dest: Path,
-    *,
-    hidden_size: int = OFFICIAL_HIDDEN_SIZE,
-    num_layers: int = OFFICIAL_LAYERS,
-    seed: int = 0,
-) -> Path:
-    """Write a ChatTTS checkpoint with random weights in the official layout; returns ``dest``.
-
-    With the defaults every tensor has the official shape. ``hidden_size``/``num_layers`` shrink
-    only the GPT (and the embeddings, whose width is the GPT's); the decoder, DVAE and Vocos keep
-    ChatTTS's own sizes, so their cost is measured as it is.
-    """
-    import torch
-
-    if hidden_size % 2 or hidden_size < 2:
-        raise ValueError("hidden_size must be even (each hidden state becomes two mel frames)")
-    heads = max(1, hidden_size // HEAD_DIM)
-    if hidden_size % heads:
-        raise ValueError(f"hidden_size must be a multiple of {HEAD_DIM} above {HEAD_DIM}")
-    asset = dest / "asset"
-    (asset / "gpt").mkdir(parents=True, exist_ok=True)
-    (asset / "tokenizer").mkdir(parents=True, exist_ok=True)
-    vocab_size = _write_tokenizer(asset / "tokenizer")
-    # A private RNG stream: the caller's global torch RNG state is left alone.
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        _write_gpt(asset / "gpt", hidden_size, num_layers, heads)
-        _write_codec(asset, hidden_size, vocab_size)
-    write_spk_stat(dest / SPK_STAT_FILE, hidden_size, seed)
-    return dest
-
-
-def save_safetensors(state: dict[str, Any], path: Path) -> None:
-    """A module's state dict as a safetensors file (contiguous copies, as torch saves them)."""
-    from safetensors.torch import save_file
-
-    save_file({k: v.detach().contiguous().clone() for k, v in state.items()}, str(path))
-
-
-def _write_gpt(folder: Path, hidden_size: int, num_layers: int, heads: int) -> None:
-    from transformers import LlamaConfig, LlamaModel
-
-    config: dict[str, Any] = {
-        "architectures": ["LlamaModel"],
-        "model_type": "llama",
-        "attention_bias": False,
-        "attention_dropout": 0.0,
-        "hidden_act": "silu",
-        "hidden_size": hidden_size,
-        "initializer_range": 0.02,
-        "intermediate_size": 4 * hidden_size,
-        "max_position_embeddings": 4096,
-        "mlp_bias": False,
-        "num_attention_heads": heads,
-        "num_hidden_layers": num_layers,
-        "num_key_value_heads": heads,
-        "rms_norm_eps": 1e-6,
-        "rope_theta": 10000.0,
-        "tie_word_embeddings": False,
-        "torch_dtype": "float32",
-        "use_cache": False,
-        "vocab_size": LLAMA_VOCAB_SIZE,
-        # The keys ChatTTS adds to its config.json.
-        "num_audio_tokens": NUM_AUDIO_TOKENS,
-        "num_text_tokens": None,
-        "num_vq": NUM_VQ,
-        "spk_KL": False,
-        "spk_emb_dim": 192,
-    }
-    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
-    llama = {k: v for k, v in config.items() if k not in ("architectures", "torch_dtype")}
-    # Saved whole, embed_tokens included, as LlamaModel.save_pretrained writes it: loading then
-    # reads and drops that matrix just as it does with the released file.
-    save_safetensors(LlamaModel(LlamaConfig(**llama)).state_dict(), folder / "model.safetensors")
-
-
-def _write_codec(asset: Path, hidden_size: int, num_text_tokens: int) -> None:
-    """Embed, DVAE, Decoder and Vocos from ChatTTS's own classes and default (official) sizes."""
-    from ChatTTS.config.config import Config, Decoder
-    from ChatTTS.model.dvae import DVAE
-    from ChatTTS.model.embed import Embed
-
-    # vocos ships no type information; importlib keeps mypy from asking for stubs.
-    vocos = importlib.import_module("vocos")
-    instantiate = importlib.import_module("vocos.pretrained").instantiate_class
-    official = Config()
-
-    save_safetensors(
-        Embed(hidden_size, NUM_AUDIO_TOKENS, num_text_tokens, NUM_VQ).state_dict(),
-        asset / "Embed.safetensors",
-    )
-    dvae = DVAE(
-        decoder_config=asdict(official.dvae.decoder),
-        encoder_config=asdict(official.dvae.encoder),
-        vq_config=asdict(official.dvae.vq),
-        dim=official.dvae.decoder.idim,
-    )
-    save_safetensors(dvae.state_dict(), asset / "DVAE.safetensors")
-    # The decoder reads each GPT hidden state folded into two mel frames: idim = hidden / 2
-    # (384 for the official model); its own width and depth are ChatTTS's.
-    size = official.decoder
-    decoder = Decoder(
-        idim=hidden_size // 2,
-        odim=hidden_size // 2,
-        hidden=size.hidden,
-        n_layer=size.n_layer,
-        bn_dim=size.bn_dim,
-    )
-    save_safetensors(
-        DVAE(decoder_config=asdict(decoder), dim=decoder.idim).state_dict(),
-        asset / "Decoder.safetensors",
-    )
-    vocoder = vocos.Vocos(
-        feature_extractor=instantiate(args=(), init=asdict(official.vocos.feature_extractor)),
-        backbone=instantiate(args=(), init=asdict(official.vocos.backbone)),
-        head=instantiate(args=(), init=asdict(official.vocos.head)),
-    )
-    save_safetensors(vocoder.state_dict(), asset / "Vocos.safetensors")
-
-
-def _write_tokenizer(folder: Path) -> int:
-    """A BERT WordPiece tokenizer of the official size; returns its length (21178)."""
-    letters = "abcdefghijklmnopqrstuvwxyz0123456789"
-    punctuation = "，。、！？：；“”‘’（）,.!?:;'\"()-%°/"
-    pieces = list(dict.fromkeys([*BERT_SPECIAL_TOKENS, *punctuation, *letters]))
-    pieces.extend(f"##{c}" for c in letters)
-    # CJK characters fill the ordinary vocabulary, as in bert-base-chinese.
-    ordinary = NUM_TEXT_TOKENS - len(CHATTTS_SPECIAL_TOKENS)
-    cjk = (chr(c) for r in (range(0x4E00, 0xA000), range(0x3400, 0x4DC0)) for c in r)
-    pieces.extend(next(cjk) for _ in range(ordinary - len(pieces)))
-    return write_bert_tokenizer(folder, pieces)
-
-
-def write_bert_tokenizer(folder: Path, pieces: list[str]) -> int:
-    """Save a BERT WordPiece tokenizer over ``pieces`` (ids in order) with ChatTTS's special
-    tokens appended, as ChatTTS's tokenizer folder holds it; returns its length. Shared by the
-    bench's official-size checkpoint and the tests' tiny one."""
-    from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers
-    from tokenizers.models import WordPiece
-
-    vocab = {piece: index for index, piece in enumerate(pieces)}
-    tokenizer = Tokenizer(WordPiece(vocab, unk_token="[UNK]", max_input_chars_per_word=100))
-    tokenizer.normalizer = normalizers.BertNormalizer(
-        clean_text=True, handle_chinese_chars=True, strip_accents=None, lowercase=True
-    )
-    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    tokenizer.decoder = decoders.WordPiece(prefix="##")
-    tokenizer.add_special_tokens([*BERT_SPECIAL_TOKENS, *CHATTTS_SPECIAL_TOKENS])
-    tokenizer.save(str(folder / "tokenizer.json"))
-    special = {
-        "cls_token": "[CLS]",
-        "mask_token": "[MASK]",
-        "pad_token": "[PAD]",
-        "sep_token": "[SEP]",
-        "unk_token": "[UNK]",
-    }
-    config = {
-        **special,
-        "tokenizer_class": "BertTokenizerFast",
-        "do_lower_case": True,
-        "tokenize_chinese_chars": True,
-        "strip_accents": None,
-        "clean_up_tokenization_spaces": True,
-        "model_max_length": 1 << 20,
-        "padding_side": "left",
-    }
-    write_json(folder / "tokenizer_config.json", config)
-    write_json(folder / "special_tokens_map.json", special)
-    size: int = tokenizer.get_vocab_size(with_added_tokens=True)
-    return size
-
-
-def write_spk_stat(path: Path, hidden_size: int, seed: int) -> None:
-    """Random speaker statistics in the project's spk_stat.json format (seeded)."""
-    pybase16384 = importlib.import_module("pybase16384")
-    rng = np.random.default_rng(seed)
-    stat = np.concatenate(
-        [rng.uniform(0.5, 1.5, hidden_size), rng.normal(0.0, 0.2, hidden_size)]
-    ).astype(np.float16)
-    write_json(
-        path,
-        {
-            "format": SPK_STAT_FORMAT,
-            "version": 1,
-            "hidden_size": hidden_size,
-            "spk_stat": pybase16384.encode_to_string(stat.tobytes()),
-        },
-    )
-
-
-def write_json(path: Path, data: dict[str, Any]) -> None:
-    path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-
-
-def official_sections(checkpoint: Path) -> list[str]:
-    """The sections of ChatTTS's Config that this checkpoint's files reproduce exactly."""
-    from ChatTTS.config.config import Config
-
-    from tts_bridge.engines.chattts.torch_engine import chattts_config
-
-    official = Config()
-    derived = chattts_config(read_checkpoint(checkpoint), official.spk_stat)
-    return [
-        section
-        for section in ("gpt", "embed", "decoder", "dvae", "vocos")
-        if asdict(getattr(derived, section)) == asdict(getattr(official, section))
-    ]
 
 
 # -- one case (runs in a child process) ----------------------------------------------------------
@@ -800,8 +565,8 @@ def run_chattts_bench(
     rounds: int = 1,
     cases: Sequence[str] = CASES,
     threads: int | None = None,
-    hidden_size: int = OFFICIAL_HIDDEN_SIZE,
-    num_layers: int = OFFICIAL_LAYERS,
+    hidden_size: int = OFFICIAL.hidden_size,
+    num_layers: int = OFFICIAL.num_layers,
     first_audio_codes: int | None = None,
     spinning: bool = True,
 ) -> dict[str, Any]:
@@ -1039,7 +804,8 @@ def _child_main(argv: list[str]) -> int:
         # spk_stat.json is written last: its presence means a complete checkpoint.
         if not (checkpoint / SPK_STAT_FILE).is_file():
             started = time.perf_counter()
-            write_random_checkpoint(checkpoint, hidden_size=int(argv[2]), num_layers=int(argv[3]))
+            size = replace(OFFICIAL, hidden_size=int(argv[2]), num_layers=int(argv[3]))
+            write_random_checkpoint(checkpoint, size)
             result = {"built": True, "build_s": round(time.perf_counter() - started, 1)}
         result["official_sections"] = official_sections(checkpoint)
     elif argv[:1] == ["export"] and len(argv) == 4:
