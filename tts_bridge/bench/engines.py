@@ -18,12 +18,10 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import IO, Any
-
-import yaml
+from typing import Any
 
 from tts_bridge import __version__
-from tts_bridge.bench.util import machine_info, peak_rss_mb
+from tts_bridge.bench.util import machine_info, peak_rss_mb, start_bridge
 from tts_bridge.bench.util import table as _table
 from tts_bridge.config import Settings
 from tts_bridge.engines.base import SynthesisOptions
@@ -98,25 +96,6 @@ def _percentile(values: list[float], fraction: float) -> float:
     return ordered[index]
 
 
-def _start_bridge(
-    settings: Settings, *, host: str, port: int, base: str, workdir: Path, log: IO[str]
-) -> subprocess.Popen[bytes]:
-    config = settings.model_dump(mode="json")
-    config["mqtt"].update({"host": host, "port": port, "base_topic": base, "client_id": "bench"})
-    config["cache"]["dir"] = str(workdir / "cache")
-    config["journal"]["path"] = str(workdir / "journal.sqlite3")
-    config["wyoming"]["enabled"] = False  # an MQTT benchmark: no Wyoming server
-    # Loopback and any free port: a benchmark's audio server stays off the LAN.
-    config["http"].update({"host": "127.0.0.1", "port": 0})
-    config_path = workdir / "bridge.yaml"
-    config_path.write_text(yaml.safe_dump(config), encoding="utf-8")
-    return subprocess.Popen(
-        [sys.executable, "-m", "tts_bridge", "run", "--config", str(config_path)],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-
-
 def measure_cache_hits(
     settings: Settings, requests: int, workdir: Path, broker_nodelay: bool
 ) -> dict[str, Any]:
@@ -132,7 +111,7 @@ def measure_cache_hits(
     extra = ["set_tcp_nodelay true"] if broker_nodelay else []
     with LocalBroker(workdir / "broker", extra_config=extra) as broker:
         log = (workdir / "bridge.log").open("w")
-        bridge = _start_bridge(
+        bridge = start_bridge(
             settings, host=broker.host, port=broker.port, base=base, workdir=workdir, log=log
         )
         received = threading.Event()
