@@ -12,7 +12,14 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from tts_bridge.config import ConfigError, MqttSettings, Settings, default_client_id, load_settings
+from tts_bridge.config import (
+    ConfigError,
+    MqttSettings,
+    Settings,
+    VoiceSettings,
+    default_client_id,
+    load_settings,
+)
 from tts_bridge.formats import AudioFormat
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -53,6 +60,30 @@ def test_example_config_documents_every_key() -> None:
     voice_keys = set(Settings().voices["joe"].model_dump())
     missing = (leaves | voice_keys) - documented
     assert not missing, f"config.example.yaml does not document: {sorted(missing)}"
+
+
+def _path_settings(model: type[BaseModel], prefix: str = "") -> list[tuple[type[BaseModel], str]]:
+    """Every setting whose type is a path, with the section that holds it."""
+    found: list[tuple[type[BaseModel], str]] = []
+    for name, field in model.model_fields.items():
+        annotation = field.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            found += _path_settings(annotation, prefix + name + ".")
+        elif "Path" in str(annotation):
+            found.append((model, name))
+    return found
+
+
+def test_every_path_setting_expands_the_home_folder() -> None:
+    # Voices and targets are mappings of sections; the walk sees only nested sections.
+    sections = _path_settings(Settings) + _path_settings(VoiceSettings)
+    required = {"engine": "piper"}  # a voice's one required key
+    names = {f"{model.__name__}.{name}" for model, name in sections}
+    assert {"CacheSettings.dir", "TlsSettings.ca_file", "VoiceSettings.model"} <= names
+    for model, name in sections:
+        extra = {k: v for k, v in required.items() if k in model.model_fields}
+        value = getattr(model.model_validate({**extra, name: "~/probe"}), name)
+        assert value == Path.home() / "probe", f"{model.__name__}.{name}"
 
 
 def test_environment_overrides_file(tmp_path: Path) -> None:

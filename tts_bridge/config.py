@@ -22,10 +22,18 @@ import socket
 import types
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal, Union, get_args, get_origin
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from tts_bridge.engines import catalog
 from tts_bridge.engines.base import Precision
@@ -66,6 +74,11 @@ def default_client_id(state_dir: Path | None = None) -> str:
     return f"tts_bridge-{digest[:12]}"
 
 
+ExpandedPath = Annotated[Path, AfterValidator(Path.expanduser)]
+"""A path setting: ``~`` is the user's home folder wherever a path is read (YAML, environment,
+flags, the voices file)."""
+
+
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_default=True)
 
@@ -73,11 +86,11 @@ class _Section(BaseModel):
 class TlsSettings(_Section):
     enabled: bool = False
     """Connect with TLS (usually port 8883)."""
-    ca_file: Path | None = None
+    ca_file: ExpandedPath | None = None
     """CA certificate(s) that signed the broker's certificate; empty = the system's CAs."""
-    cert_file: Path | None = None
+    cert_file: ExpandedPath | None = None
     """Client certificate, for brokers that require one."""
-    key_file: Path | None = None
+    key_file: ExpandedPath | None = None
     """Private key of the client certificate."""
     insecure: bool = False
     """Skip the host name check (only for testing; never in production)."""
@@ -90,7 +103,7 @@ class TlsSettings(_Section):
             return self
         for key in ("ca_file", "cert_file", "key_file"):
             path: Path | None = getattr(self, key)
-            if path is not None and not path.expanduser().is_file():
+            if path is not None and not path.is_file():
                 raise ValueError(
                     f"{key}: no such file {path} (give the file's full path, or leave "
                     f"{key} empty{' to use the system CAs' if key == 'ca_file' else ''})"
@@ -113,7 +126,7 @@ class MqttSettings(_Section):
     """User name for the broker (optional)."""
     password: str | None = Field(None, repr=False)
     """Password for the broker (optional, never logged)."""
-    password_file: Path | None = None
+    password_file: ExpandedPath | None = None
     """File whose first line is the password (keeps it out of the config file)."""
     tls: TlsSettings = Field(default_factory=TlsSettings)
     session_expiry_s: int = Field(86400, ge=0)
@@ -167,21 +180,16 @@ class MqttSettings(_Section):
 
 
 class CacheSettings(_Section):
-    dir: Path = Field(default_factory=default_cache_dir)
+    dir: ExpandedPath = Field(default_factory=default_cache_dir)
     """Folder of the sentence cache (created 0700)."""
     max_mb: int = Field(512, ge=1)
     """Upper bound of the cache on disk; the least recently used sentences go first."""
     enabled: bool = True
     """Turn the cache off entirely (every sentence is synthesized)."""
 
-    @field_validator("dir")
-    @classmethod
-    def _expand(cls, value: Path) -> Path:
-        return value.expanduser()
-
 
 class ModelsSettings(_Section):
-    dir: Path = Field(default_factory=lambda: default_data_dir() / "models")
+    dir: ExpandedPath = Field(default_factory=lambda: default_data_dir() / "models")
     """Folder for model files that do not come with a Python package."""
     idle_unload_s: int = Field(600, ge=0)
     """Unload a model unused for this long, so its memory comes back (0 = never)."""
@@ -189,22 +197,12 @@ class ModelsSettings(_Section):
     """Memory the loaded models may use; empty = the hardware plan (60% of RAM). The least
     recently used model is unloaded to make room; a model that cannot fit is refused."""
 
-    @field_validator("dir")
-    @classmethod
-    def _expand(cls, value: Path) -> Path:
-        return value.expanduser()
-
 
 class JournalSettings(_Section):
-    path: Path = Field(default_factory=lambda: default_data_dir() / "journal.sqlite3")
+    path: ExpandedPath = Field(default_factory=lambda: default_data_dir() / "journal.sqlite3")
     """Durable journal of accepted requests (created 0600 in a 0700 folder)."""
     keep_done_s: int = Field(86400, ge=60)
     """How long answered requests are remembered to answer redelivered duplicates."""
-
-    @field_validator("path")
-    @classmethod
-    def _expand(cls, value: Path) -> Path:
-        return value.expanduser()
 
 
 class LimitsSettings(_Section):
@@ -259,7 +257,7 @@ class VoiceSettings(_Section):
     engine: str
     """Which engine speaks this voice: piper, hibari, chattts, chattts-onnx (an export made by
     `models export`), or any other registered kind (see engines.catalog)."""
-    model: Path | None = None
+    model: ExpandedPath | None = None
     """Model file (Piper, hibari) or checkpoint folder (ChatTTS, in ChatTTS's asset layout);
     relative paths are under models.dir; empty = the model bundled with the engine's package."""
     speaker: str | None = None
@@ -398,9 +396,9 @@ class HttpSettings(_Section):
     """How long an audio URL keeps working after its audio was last published."""
     max_mb: int = Field(64, ge=1)
     """Upper bound of the encoded audio kept on disk; what expires soonest goes first."""
-    dir: Path | None = None
+    dir: ExpandedPath | None = None
     """Folder of the encoded audio files (0700); empty = 'http' inside cache.dir."""
-    secret_file: Path | None = None
+    secret_file: ExpandedPath | None = None
     """Key that derives the URLs (made at first start, 0600), so a cached sentence keeps its URL
     across restarts; empty = 'http.key' in the folder of journal.path (the state folder)."""
     format: AudioFormatField = Field(default_factory=lambda: AudioFormat("mp3", 44100))
@@ -416,11 +414,6 @@ class HttpSettings(_Section):
         if not re.match(r"^https?://[^/?#\s]+(/[^?#\s]*)?$", value):
             raise ValueError("must be an http:// or https:// URL without query or fragment")
         return value
-
-    @field_validator("dir", "secret_file")
-    @classmethod
-    def _expand(cls, value: Path | None) -> Path | None:
-        return None if value is None else value.expanduser()
 
 
 class WyomingSettings(_Section):
@@ -516,9 +509,9 @@ class Settings(_Section):
     not listed gets WAV bytes on its topic."""
     phrases: list[str] = Field(default_factory=list)
     """Sentences to pre-render in quality at idle (for the default voice)."""
-    phrases_file: Path | None = None
+    phrases_file: ExpandedPath | None = None
     """A text file of phrases, one per line ('#' starts a comment)."""
-    voices_file: Path = Field(default_factory=lambda: default_data_dir() / "voices.yaml")
+    voices_file: ExpandedPath = Field(default_factory=lambda: default_data_dir() / "voices.yaml")
     """Voices made with `tts-bridge voices new`, merged into `voices` when the file exists."""
     logging: LoggingSettings = Field(default_factory=LoggingSettings)
 
@@ -561,7 +554,7 @@ class Settings(_Section):
         path = self.mqtt.password_file
         if path is not None:
             try:
-                lines = path.expanduser().read_text(encoding="utf-8").splitlines()
+                lines = path.read_text(encoding="utf-8").splitlines()
             except OSError as exc:
                 raise ValueError(f"mqtt.password_file: cannot read {path}: {exc.strerror}") from exc
             except UnicodeDecodeError as exc:

@@ -29,7 +29,6 @@ import json
 import logging
 import os
 import re
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -37,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any, Literal
 
+from tts_bridge.durable import write_atomic
 from tts_bridge.engines.base import EngineError
 
 if TYPE_CHECKING:
@@ -616,22 +616,4 @@ def _write_user_manifest(models_dir: Path, models: Mapping[str, ModelManifest]) 
         "models": {name: models[name].to_json() for name in sorted(models)},
     }
     text = json.dumps(data, indent=2, ensure_ascii=False) + "\n"
-    target = models_dir / USER_MANIFEST
-    # Write beside the target, flush to disk, then rename: a crash leaves the old or the new
-    # manifest, never half of one.
-    fd, tmp = tempfile.mkstemp(prefix=f".{USER_MANIFEST}.", suffix=".tmp", dir=models_dir)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    directory = os.open(models_dir, os.O_RDONLY)
-    try:
-        os.fsync(directory)  # the rename itself must survive a power cut
-    finally:
-        os.close(directory)
+    write_atomic(models_dir / USER_MANIFEST, text)

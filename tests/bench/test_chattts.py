@@ -20,16 +20,9 @@ import pytest
 from tts_bridge.bench import chattts as bench_chattts
 from tts_bridge.bench import onnx_backends as bench_onnx
 from tts_bridge.bench.bandwidth import memory_bandwidth, step_floors
-from tts_bridge.bench.chattts import (
-    CASES,
-    NOTE,
-    ONNX_CASES,
-    TABLE_COLUMNS,
-    TORCH_CASES,
-    combine_rounds,
-    evaluate_targets,
-    run_chattts_bench,
-)
+from tts_bridge.bench.chattts import run_chattts_bench
+from tts_bridge.bench.chattts_measure import CASES, ONNX_CASES, TORCH_CASES
+from tts_bridge.bench.chattts_report import NOTE, TABLE_COLUMNS, combine_rounds, evaluate_targets
 from tts_bridge.cli import main as cli
 
 needs_chattts = pytest.mark.skipif(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import socket
 import threading
 import time
 import uuid
@@ -12,14 +13,20 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from paho.mqtt.client import DisconnectFlags
+from paho.mqtt.client import DisconnectFlags, MQTTv5
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.reasoncodes import ReasonCode
 
 from tests.support.harness import MqttProbe
 from tts_bridge.bench.localbroker import LocalBroker
 from tts_bridge.config import MqttSettings
-from tts_bridge.mqtt.client import IncomingMessage, MqttConnection, OutgoingMessage, PublishResult
+from tts_bridge.mqtt.client import (
+    IncomingMessage,
+    MqttConnection,
+    OutgoingMessage,
+    PublishResult,
+    new_client,
+)
 
 WAIT_S = 10.0
 
@@ -169,3 +176,21 @@ def test_reason_142_is_diagnosed_at_once(caplog: pytest.LogCaptureFixture) -> No
     assert connection.reconnect_delay_s == 10
     lines = [r.getMessage() for r in caplog.records if "mqtt.client_id" in r.getMessage()]
     assert len(lines) == 1 and "'kitchen'" in lines[0] and "Session taken over" in lines[0]
+
+
+def test_every_client_is_mqtt5_and_sends_small_packets_at_once(broker: LocalBroker) -> None:
+    # The bridge, doctor, play, the benches and the test probe all connect through new_client:
+    # without TCP_NODELAY a small answer after a large WAV waits ~40 ms per hop.
+    client = new_client(
+        MqttSettings(host=broker.host, port=broker.port, username="u", password="p"),
+        client_id=f"factory-{uuid.uuid4().hex[:8]}",
+    )
+    try:
+        client.connect(broker.host, broker.port)
+        sock = client.socket()
+        assert isinstance(sock, socket.socket)
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+        assert client.protocol == MQTTv5
+        assert client.username == "u"
+    finally:
+        client.disconnect()

@@ -25,13 +25,13 @@ from typing import Any, Self
 import paho.mqtt.client as mqtt
 import pytest
 import yaml
-from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from tts_bridge.bench.localbroker import LocalBroker, free_port
+from tts_bridge.mqtt.client import new_client
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -122,9 +122,7 @@ class MqttProbe:
         self._acked_mids: dict[int, list[ReasonCode]] = {}
         self._connected = threading.Event()
         self._connect_error: str | None = None
-        self._client = mqtt.Client(
-            CallbackAPIVersion.VERSION2, client_id=self.client_id, protocol=mqtt.MQTTv5
-        )
+        self._client = new_client(client_id=self.client_id)
         self._client.on_connect = self._on_connect
         self._client.on_subscribe = self._on_subscribe
         self._client.on_message = self._on_message

@@ -27,717 +27,55 @@ With ``rounds`` > 1 the rounds are interleaved (every case once, then again) sin
 load varies; each figure is the best of the rounds (fastest time, highest throughput) except
 memory, which is the highest. The targets the ONNX tier was built to meet are printed next to
 the figures.
+
+This module runs the bench; ``chattts_measure`` is what runs in each child (one case, or the
+checkpoint and export prepared), ``chattts_report`` turns the rows into results and the report.
 """
 
 from __future__ import annotations
 
-import contextlib
-import gc
-import importlib
 import json
 import logging
-import math
 import os
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
-
-import numpy as np
+from typing import Any
 
 from tts_bridge import __version__
 from tts_bridge.bench.bandwidth import memory_bandwidth, step_floors
-from tts_bridge.bench.util import (
-    machine_info,
-    patched,
-    peak_rss_mb,
-    rss_mb,
-    run_child,
-    time_first_chunk,
+from tts_bridge.bench.chattts_measure import (
+    CASES,
+    FIRST_AUDIO_TEXT,
+    MODEL_NAME,
+    ONNX_CASES,
+    QUANTIZED_CASES,
+    TORCH_CASES,
+    default_first_audio_codes,
 )
-from tts_bridge.bench.util import table as _table
-from tts_bridge.engines.chattts.common import (
-    SAMPLE_RATE,
-    SAMPLES_PER_TOKEN,
-    TOKENS_PER_SECOND,
-    expected_seconds,
+from tts_bridge.bench.chattts_report import (
+    NOTE,
+    combine_rounds,
+    evaluate_targets,
+    file_sizes,
+    format_report,
 )
-from tts_bridge.engines.chattts.speaker import SPK_STAT_FORMAT
-from tts_bridge.engines.chattts.torch_engine import (
-    NUM_AUDIO_TOKENS,
-    NUM_VQ,
-    SPK_STAT_FILE,
-    _release_freed_heap,
-    read_checkpoint,
-)
-from tts_bridge.manifests import add_model, expected_hashes
-
-if TYPE_CHECKING:
-    from tts_bridge.engines.chattts.onnx_format import Precision
+from tts_bridge.bench.util import machine_info, run_child
+from tts_bridge.engines.chattts.random_checkpoint import OFFICIAL
+from tts_bridge.engines.chattts.torch_engine import read_checkpoint
+from tts_bridge.manifests import add_model
 
 _LOGGER = logging.getLogger(__name__)
 
-NOTE = "full-size architecture, random weights: speed and memory are real, sound is not"
-MODEL_NAME = "chattts-bench"
-OFFICIAL_HIDDEN_SIZE = 768
-OFFICIAL_LAYERS = 20
-HEAD_DIM = 64
-"""Official: 12 heads of 64 for hidden 768; smaller test models keep the head width."""
-NUM_TEXT_TOKENS = 21178
-"""bert-base-chinese's 21128 tokens plus ChatTTS's 50 control tokens (Embed and head_text)."""
-LLAMA_VOCAB_SIZE = 32000
-"""The official gpt/config.json keeps LlamaConfig's default; ChatTTS deletes that embedding."""
-PRECISIONS = ("fp32", "int8")
-TORCH_CASES = ("torch-fp32", "torch-int8")
-ONNX_CASES = ("onnx-fp32", "onnx-int8", "onnx-int8-all", "onnx-int4")
-QUANTIZED_CASES = ("onnx-int8", "onnx-int4")
-"""Their GPT logits are compared with FP32's (top-1 agreement) in a child of their own
-(int8-all runs int8's GPT; its own difference is the decoder's, in ``codec_fidelity``)."""
-PEAK_RSS_CASES = ("onnx-int8", "onnx-int8-all")
-"""The cases held to the peak RSS targets: the INT8 GPT with FP32 or INT8 decoders."""
-CASES = (*TORCH_CASES, *ONNX_CASES)
-WARMUP_TOKENS = 4
 CHILD_TIMEOUT_S = 3600
 CHECKPOINT_DIR = "checkpoint"
 EXPORT_DIR = "onnx"
 RESULTS_FILE = "results.json"
-
-# Texts of similar length so a batch pads little; the 4th is Chinese like many real requests.
-BENCH_TEXTS = (
-    "the washing machine has finished.",
-    "the front door has been open for five minutes.",
-    "dinner is ready, please come to the kitchen.",
-    "客厅温度二十一点五度，湿度百分之四十五。",
-)
-FIRST_AUDIO_TEXT = "The front door is open."
-"""The one-sentence announcement whose first streamed audio is timed."""
-SPEED_LEVEL = 5
-"""[speed_5], ChatTTS's default and the engines' at speed 1.0."""
-
-
-def default_first_audio_codes(text: str = FIRST_AUDIO_TEXT) -> int:
-    """The engine's own length estimate of ``text`` in codes (106 for the announcement)."""
-    return math.ceil(expected_seconds(text, SPEED_LEVEL) * TOKENS_PER_SECOND)
-
-
-BERT_SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
-# ChatTTS's 50 tokens in upstream order; [break_0] must rank above every ordinary token.
-CHATTTS_SPECIAL_TOKENS: tuple[str, ...] = (
-    "[Sasr]", "[Pasr]", "[Easr]", "[Stts]", "[Ptts]", "[Etts]",
-    "[Sbreak]", "[Pbreak]", "[Ebreak]", "[uv_break]", "[v_break]",
-    "[lbreak]", "[llbreak]", "[undefine]", "[laugh]", "[spk_emb]", "[empty_spk]",
-    "[music]", "[pure]",
-    *(f"[break_{i}]" for i in range(8)),
-    *(f"[laugh_{i}]" for i in range(3)),
-    *(f"[oral_{i}]" for i in range(10)),
-    *(f"[speed_{i}]" for i in range(10)),
-)  # fmt: skip
-
-
-# -- the checkpoint -------------------------------------------------------------------------------
-
-
-def write_random_checkpoint(
-    dest: Path,
-    *,
-    hidden_size: int = OFFICIAL_HIDDEN_SIZE,
-    num_layers: int = OFFICIAL_LAYERS,
-    seed: int = 0,
-) -> Path:
-    """Write a ChatTTS checkpoint with random weights in the official layout; returns ``dest``.
-
-    With the defaults every tensor has the official shape. ``hidden_size``/``num_layers`` shrink
-    only the GPT (and the embeddings, whose width is the GPT's); the decoder, DVAE and Vocos keep
-    ChatTTS's own sizes, so their cost is measured as it is.
-    """
-    import torch
-
-    if hidden_size % 2 or hidden_size < 2:
-        raise ValueError("hidden_size must be even (each hidden state becomes two mel frames)")
-    heads = max(1, hidden_size // HEAD_DIM)
-    if hidden_size % heads:
-        raise ValueError(f"hidden_size must be a multiple of {HEAD_DIM} above {HEAD_DIM}")
-    asset = dest / "asset"
-    (asset / "gpt").mkdir(parents=True, exist_ok=True)
-    (asset / "tokenizer").mkdir(parents=True, exist_ok=True)
-    vocab_size = _write_tokenizer(asset / "tokenizer")
-    # A private RNG stream: the caller's global torch RNG state is left alone.
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        _write_gpt(asset / "gpt", hidden_size, num_layers, heads)
-        _write_codec(asset, hidden_size, vocab_size)
-    write_spk_stat(dest / SPK_STAT_FILE, hidden_size, seed)
-    return dest
-
-
-def save_safetensors(state: dict[str, Any], path: Path) -> None:
-    """A module's state dict as a safetensors file (contiguous copies, as torch saves them)."""
-    from safetensors.torch import save_file
-
-    save_file({k: v.detach().contiguous().clone() for k, v in state.items()}, str(path))
-
-
-def _write_gpt(folder: Path, hidden_size: int, num_layers: int, heads: int) -> None:
-    from transformers import LlamaConfig, LlamaModel
-
-    config: dict[str, Any] = {
-        "architectures": ["LlamaModel"],
-        "model_type": "llama",
-        "attention_bias": False,
-        "attention_dropout": 0.0,
-        "hidden_act": "silu",
-        "hidden_size": hidden_size,
-        "initializer_range": 0.02,
-        "intermediate_size": 4 * hidden_size,
-        "max_position_embeddings": 4096,
-        "mlp_bias": False,
-        "num_attention_heads": heads,
-        "num_hidden_layers": num_layers,
-        "num_key_value_heads": heads,
-        "rms_norm_eps": 1e-6,
-        "rope_theta": 10000.0,
-        "tie_word_embeddings": False,
-        "torch_dtype": "float32",
-        "use_cache": False,
-        "vocab_size": LLAMA_VOCAB_SIZE,
-        # The keys ChatTTS adds to its config.json.
-        "num_audio_tokens": NUM_AUDIO_TOKENS,
-        "num_text_tokens": None,
-        "num_vq": NUM_VQ,
-        "spk_KL": False,
-        "spk_emb_dim": 192,
-    }
-    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
-    llama = {k: v for k, v in config.items() if k not in ("architectures", "torch_dtype")}
-    # Saved whole, embed_tokens included, as LlamaModel.save_pretrained writes it: loading then
-    # reads and drops that matrix just as it does with the released file.
-    save_safetensors(LlamaModel(LlamaConfig(**llama)).state_dict(), folder / "model.safetensors")
-
-
-def _write_codec(asset: Path, hidden_size: int, num_text_tokens: int) -> None:
-    """Embed, DVAE, Decoder and Vocos from ChatTTS's own classes and default (official) sizes."""
-    from ChatTTS.config.config import Config, Decoder
-    from ChatTTS.model.dvae import DVAE
-    from ChatTTS.model.embed import Embed
-
-    # vocos ships no type information; importlib keeps mypy from asking for stubs.
-    vocos = importlib.import_module("vocos")
-    instantiate = importlib.import_module("vocos.pretrained").instantiate_class
-    official = Config()
-
-    save_safetensors(
-        Embed(hidden_size, NUM_AUDIO_TOKENS, num_text_tokens, NUM_VQ).state_dict(),
-        asset / "Embed.safetensors",
-    )
-    dvae = DVAE(
-        decoder_config=asdict(official.dvae.decoder),
-        encoder_config=asdict(official.dvae.encoder),
-        vq_config=asdict(official.dvae.vq),
-        dim=official.dvae.decoder.idim,
-    )
-    save_safetensors(dvae.state_dict(), asset / "DVAE.safetensors")
-    # The decoder reads each GPT hidden state folded into two mel frames: idim = hidden / 2
-    # (384 for the official model); its own width and depth are ChatTTS's.
-    size = official.decoder
-    decoder = Decoder(
-        idim=hidden_size // 2,
-        odim=hidden_size // 2,
-        hidden=size.hidden,
-        n_layer=size.n_layer,
-        bn_dim=size.bn_dim,
-    )
-    save_safetensors(
-        DVAE(decoder_config=asdict(decoder), dim=decoder.idim).state_dict(),
-        asset / "Decoder.safetensors",
-    )
-    vocoder = vocos.Vocos(
-        feature_extractor=instantiate(args=(), init=asdict(official.vocos.feature_extractor)),
-        backbone=instantiate(args=(), init=asdict(official.vocos.backbone)),
-        head=instantiate(args=(), init=asdict(official.vocos.head)),
-    )
-    save_safetensors(vocoder.state_dict(), asset / "Vocos.safetensors")
-
-
-def _write_tokenizer(folder: Path) -> int:
-    """A BERT WordPiece tokenizer of the official size; returns its length (21178)."""
-    letters = "abcdefghijklmnopqrstuvwxyz0123456789"
-    punctuation = "，。、！？：；“”‘’（）,.!?:;'\"()-%°/"
-    pieces = list(dict.fromkeys([*BERT_SPECIAL_TOKENS, *punctuation, *letters]))
-    pieces.extend(f"##{c}" for c in letters)
-    # CJK characters fill the ordinary vocabulary, as in bert-base-chinese.
-    ordinary = NUM_TEXT_TOKENS - len(CHATTTS_SPECIAL_TOKENS)
-    cjk = (chr(c) for r in (range(0x4E00, 0xA000), range(0x3400, 0x4DC0)) for c in r)
-    pieces.extend(next(cjk) for _ in range(ordinary - len(pieces)))
-    return write_bert_tokenizer(folder, pieces)
-
-
-def write_bert_tokenizer(folder: Path, pieces: list[str]) -> int:
-    """Save a BERT WordPiece tokenizer over ``pieces`` (ids in order) with ChatTTS's special
-    tokens appended, as ChatTTS's tokenizer folder holds it; returns its length. Shared by the
-    bench's official-size checkpoint and the tests' tiny one."""
-    from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers
-    from tokenizers.models import WordPiece
-
-    vocab = {piece: index for index, piece in enumerate(pieces)}
-    tokenizer = Tokenizer(WordPiece(vocab, unk_token="[UNK]", max_input_chars_per_word=100))
-    tokenizer.normalizer = normalizers.BertNormalizer(
-        clean_text=True, handle_chinese_chars=True, strip_accents=None, lowercase=True
-    )
-    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    tokenizer.decoder = decoders.WordPiece(prefix="##")
-    tokenizer.add_special_tokens([*BERT_SPECIAL_TOKENS, *CHATTTS_SPECIAL_TOKENS])
-    tokenizer.save(str(folder / "tokenizer.json"))
-    special = {
-        "cls_token": "[CLS]",
-        "mask_token": "[MASK]",
-        "pad_token": "[PAD]",
-        "sep_token": "[SEP]",
-        "unk_token": "[UNK]",
-    }
-    config = {
-        **special,
-        "tokenizer_class": "BertTokenizerFast",
-        "do_lower_case": True,
-        "tokenize_chinese_chars": True,
-        "strip_accents": None,
-        "clean_up_tokenization_spaces": True,
-        "model_max_length": 1 << 20,
-        "padding_side": "left",
-    }
-    write_json(folder / "tokenizer_config.json", config)
-    write_json(folder / "special_tokens_map.json", special)
-    size: int = tokenizer.get_vocab_size(with_added_tokens=True)
-    return size
-
-
-def write_spk_stat(path: Path, hidden_size: int, seed: int) -> None:
-    """Random speaker statistics in the project's spk_stat.json format (seeded)."""
-    pybase16384 = importlib.import_module("pybase16384")
-    rng = np.random.default_rng(seed)
-    stat = np.concatenate(
-        [rng.uniform(0.5, 1.5, hidden_size), rng.normal(0.0, 0.2, hidden_size)]
-    ).astype(np.float16)
-    write_json(
-        path,
-        {
-            "format": SPK_STAT_FORMAT,
-            "version": 1,
-            "hidden_size": hidden_size,
-            "spk_stat": pybase16384.encode_to_string(stat.tobytes()),
-        },
-    )
-
-
-def write_json(path: Path, data: dict[str, Any]) -> None:
-    path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-
-
-def official_sections(checkpoint: Path) -> list[str]:
-    """The sections of ChatTTS's Config that this checkpoint's files reproduce exactly."""
-    from ChatTTS.config.config import Config
-
-    from tts_bridge.engines.chattts.torch_engine import chattts_config
-
-    official = Config()
-    derived = chattts_config(read_checkpoint(checkpoint), official.spk_stat)
-    return [
-        section
-        for section in ("gpt", "embed", "decoder", "dvae", "vocos")
-        if asdict(getattr(derived, section)) == asdict(getattr(official, section))
-    ]
-
-
-# -- one case (runs in a child process) ----------------------------------------------------------
-
-
-def result_row(
-    spec: dict[str, Any],
-    *,
-    started_load: float,
-    import_s: float,
-    load_s: float,
-    loop_s: float,
-    decode_s: float,
-    audio_s: float,
-    first_audio: dict[str, float] | None,
-    extra: dict[str, Any],
-) -> dict[str, Any]:
-    """One child's figures, the same fields for every case (both child modules build it)."""
-    tokens, batch = int(spec["tokens"]), int(spec["batch"])
-    row: dict[str, Any] = {
-        "case": spec["case"],
-        "batch": batch,
-        "threads": spec["threads"],
-        "tokens_per_text": tokens,
-        "import_s": round(import_s, 2),
-        "load_s": round(load_s, 2),
-        # One step makes one code for every text in the batch; sampling is included.
-        "ms_per_step": round(1000 * loop_s / tokens, 2),
-        "tokens_per_s": round(batch * tokens / loop_s, 1),
-        "loop_s": round(loop_s, 3),
-        "decode_s": round(decode_s, 3),
-        "audio_s": round(audio_s, 2),
-        "loop_rtf": round(loop_s / audio_s, 3),
-        "decode_rtf": round(decode_s / audio_s, 4),
-        "rtf": round((loop_s + decode_s) / audio_s, 3),
-        **extra,
-    }
-    if first_audio is not None:
-        codes = int(spec["first_audio_codes"])
-        # The forced count must have held (a little audio may be dropped as silence).
-        expected = (2 * codes - 1) * SAMPLES_PER_TOKEN // 2
-        if first_audio["total_samples"] < 0.8 * expected:
-            raise RuntimeError(
-                f"{spec['case']}: {first_audio['total_samples']} samples for {codes} forced "
-                f"codes (about {expected} expected): the fixed code count did not hold"
-            )
-        row.update(
-            {
-                "first_audio_text": FIRST_AUDIO_TEXT,
-                "first_audio_codes": codes,
-                "first_audio_ms": round(first_audio["first_ms"], 1),
-                "first_chunk_audio_s": round(first_audio["first_samples"] / SAMPLE_RATE, 2),
-                "sentence_ms": round(first_audio["total_ms"], 1),
-                "sentence_audio_s": round(first_audio["total_samples"] / SAMPLE_RATE, 2),
-                "sentence_chunks": first_audio["chunks"],
-            }
-        )
-    row.update(
-        {
-            "peak_rss_mb": round(peak_rss_mb(), 1),
-            "torch_imported": "torch" in sys.modules,
-            "loadavg_start": round(started_load, 2),
-            "loadavg_end": round(os.getloadavg()[0], 2),
-        }
-    )
-    return row
-
-
-def measure_torch(spec: dict[str, Any]) -> dict[str, Any]:
-    """torch FP32 or INT8: load through ChatTTSEngine, time the loop, decoding, first audio."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from tts_bridge.engines.chattts.common import ChatTTSOptions
-    from tts_bridge.engines.chattts.torch_engine import ChatTTSEngine
-
-    precision = spec["case"].removeprefix("torch-")
-    if precision not in PRECISIONS:
-        raise ValueError(f"not a torch case: {spec['case']}")
-    batch, tokens = int(spec["batch"]), int(spec["tokens"])
-    loadavg_start = os.getloadavg()[0]
-    started = time.perf_counter()
-    # Importing torch, transformers and ChatTTS is a cost of its own (the bridge pays it on the
-    # first ChatTTS request); timed apart so load_s is the model itself.
-    importlib.import_module("ChatTTS")
-    import_s = time.perf_counter() - started
-    engine = ChatTTSEngine(
-        Path(spec["checkpoint"]),
-        expected_sha256=expected_hashes(MODEL_NAME, Path(spec["models_dir"])),
-        threads=int(spec["threads"]),
-    )
-    started = time.perf_counter()
-    engine.load()  # verifies every file's SHA-256, as the bridge does
-    load_s = time.perf_counter() - started
-    rss_loaded = rss_mb()
-    # The engine has no public way to fix the token count (it sizes each generation from the
-    # text), so the bench drives the loaded Chat object with ChatTTS's own parameters.
-    loaded = engine._loaded
-    assert loaded is not None
-    chat = loaded.chat
-    # Every fixed-length run ends "incomplete" at max_new_token by design; not worth a warning.
-    logging.getLogger("tts_bridge.engines.chattts.torch_engine.chattts").setLevel(logging.ERROR)
-
-    quantize_s = 0.0
-    quantized_linears = 0
-    if precision == "int8":
-        import torch
-
-        started = time.perf_counter()
-        # torch.ao.quantization carries no annotations; the call is the documented API.
-        torch.ao.quantization.quantize_dynamic(  # type: ignore[no-untyped-call]
-            chat.gpt.gpt, {torch.nn.Linear}, dtype=torch.qint8, inplace=True
-        )
-        quantize_s = time.perf_counter() - started
-        quantized_linears = sum(
-            type(m).__module__.startswith("torch.ao.nn.quantized.dynamic")
-            for m in chat.gpt.gpt.modules()
-        )
-        # Hand the heap freed by the swap back to the OS (as the engine does on unload). The
-        # FP32 weights themselves stay mapped from model.safetensors (clean file pages that
-        # the kernel can reclaim, but RSS counts them) while any GPT tensor still uses it.
-        gc.collect()
-        _release_freed_heap()
-    rss_ready = rss_mb()
-
-    speaker = loaded.default_speaker
-    texts = [
-        chat.normalizer(BENCH_TEXTS[i % len(BENCH_TEXTS)], True, True, None) for i in range(batch)
-    ]
-    _generate(chat, texts, speaker, WARMUP_TOKENS)
-    loop_s, decode_s, _generated, samples = _generate(chat, texts, speaker, tokens)
-    # transformers memory-maps the GPT weights: they become resident as the first generation
-    # touches them, so the RSS of a model in use is read after the run, not after loading.
-    rss_in_use = rss_mb()
-    first_audio = None
-    codes = int(spec["first_audio_codes"])
-    if codes:
-        with _torch_fixed_codes(chat, codes):
-            first_audio = time_first_chunk(
-                lambda: engine.synthesize(FIRST_AUDIO_TEXT, None, ChatTTSOptions())
-            )
-    return result_row(
-        spec,
-        started_load=loadavg_start,
-        import_s=import_s,
-        load_s=load_s,
-        loop_s=loop_s,
-        decode_s=decode_s,
-        audio_s=samples * batch / SAMPLE_RATE,
-        first_audio=first_audio,
-        extra={
-            "quantize_s": round(quantize_s, 2),
-            "quantized_linears": quantized_linears,
-            "samples_per_text": samples,
-            "rss_loaded_mb": round(rss_loaded, 1),
-            "rss_ready_mb": round(rss_ready, 1),
-            "rss_in_use_mb": round(rss_in_use, 1),
-        },
-    )
-
-
-@contextlib.contextmanager
-def _torch_fixed_codes(chat: Any, codes: int) -> Iterator[None]:
-    """Make ChatTTSEngine's next generations exactly ``codes`` long (EOS blocked until then)."""
-    original = chat.InferCodeParams
-
-    def fixed(**kwargs: Any) -> Any:
-        kwargs["min_new_token"] = kwargs["max_new_token"] = codes
-        return original(**kwargs)
-
-    with patched(chat, "InferCodeParams", fixed):
-        yield
-
-
-def _generate(
-    chat: Any, texts: list[str], speaker: str, tokens: int
-) -> tuple[float, float, int, int]:
-    """One batch through the GPT and then the decoder + Vocos, the two halves of Chat._infer.
-
-    Returns (code loop seconds, decode seconds, tokens generated, samples per text).
-    """
-    params = chat.InferCodeParams(
-        prompt=f"[speed_{SPEED_LEVEL}]",
-        spk_emb=speaker,
-        temperature=0.3,
-        top_P=0.7,
-        top_K=20,
-        max_new_token=tokens,
-        min_new_token=tokens,  # EOS is masked until here: exactly `tokens` per text
-        show_tqdm=False,
-        manual_seed=0,
-    )
-    started = time.perf_counter()
-    result = next(chat._infer_code(texts, False, chat.device, True, params))
-    loop_s = time.perf_counter() - started
-    generated = sum(int(h.shape[0]) for h in result.hiddens)
-    started = time.perf_counter()
-    wavs = chat._decode_to_wavs(result.hiddens, True)
-    decode_s = time.perf_counter() - started
-    result.destroy()
-    if generated != tokens * len(texts):
-        raise RuntimeError(f"expected {tokens} tokens per text, the GPT made {generated} in all")
-    return loop_s, decode_s, generated, int(wavs.shape[-1])
-
-
-# -- the bench ------------------------------------------------------------------------------------
-
-FASTEST = (
-    "import_s",
-    "load_s",
-    "quantize_s",
-    "ms_per_step",
-    "gpt_ms_per_step",
-    "sampling_ms_per_step",
-    "loop_s",
-    "decode_s",
-    "loop_rtf",
-    "decode_rtf",
-    "rtf",
-    "first_audio_ms",
-    "sentence_ms",
-)
-"""Figures where the best round is the lowest."""
-HIGHEST = (
-    "tokens_per_s",
-    "rss_loaded_mb",
-    "rss_ready_mb",
-    "rss_in_use_mb",
-    "peak_rss_mb",
-    "peak_rss_loaded_mb",
-    "peak_rss_generated_mb",
-    "loadavg_start",
-    "loadavg_end",
-)
-"""Throughput (best = highest) and memory and load (reported at their highest)."""
-
-TABLE_COLUMNS = {
-    "case": "case",
-    "batch": "batch",
-    "ms_per_step": "ms/step",
-    "tokens_per_s": "tokens/s",
-    "gpt_ms_per_step": "GPT ms/step",
-    "sampling_ms_per_step": "sampling ms/step",
-    "decode_s": "decode s",
-    "rtf": "RTF e2e",
-    "first_audio_ms": "first audio ms",
-    "load_s": "load s",
-    "peak_rss_mb": "peak RSS MB",
-    "torch_imported": "torch imported",
-}
-"""Printed columns: result field -> heading."""
-
-MEMORY_COLUMNS = {
-    "rss_loaded_mb": "RSS loaded",
-    "peak_rss_loaded_mb": "peak at load",
-    "peak_rss_generated_mb": "peak after the code loop",
-    "rss_in_use_mb": "RSS after decoding",
-    "peak_rss_mb": "peak (with first audio)",
-}
-"""The ONNX rows' memory by stage: result field -> heading."""
-
-TARGET_TOKENS_PER_S = 80.0
-TARGET_RTF = 0.65
-TARGET_BATCH_GAIN = 2.5
-TARGET_PEAK_RSS_MB = {1: 450.0, 4: 600.0}
-"""Peak RSS per batch size; any other batch size is held to the largest of these."""
-TARGET_FIRST_AUDIO_MS = 400.0
-TARGET_FLOOR_MULTIPLE = 1.4
-
-
-def combine_rounds(runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per (case, batch), in first-seen order: the best figure of its rounds."""
-    groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
-    for run in runs:
-        groups.setdefault((run["case"], run["batch"]), []).append(run)
-    rows = []
-    for group in groups.values():
-        row = {k: v for k, v in group[0].items() if k != "round"}
-        row["rounds"] = len(group)
-        for keys, pick in ((FASTEST, min), (HIGHEST, max)):
-            for key in keys:
-                values = [r[key] for r in group if r.get(key) is not None]
-                if values:
-                    row[key] = pick(values)
-        row["torch_imported"] = any(r["torch_imported"] for r in group)
-        timed = [r for r in group if r.get("first_audio_parts")]
-        if timed:  # the parts of the fastest first audio, the one shown
-            row["first_audio_parts"] = min(timed, key=lambda r: r["first_audio_ms"])[
-                "first_audio_parts"
-            ]
-        rows.append(row)
-    return rows
-
-
-def _find(rows: Sequence[dict[str, Any]], case: str, batch: int) -> dict[str, Any] | None:
-    return next((r for r in rows if r["case"] == case and r["batch"] == batch), None)
-
-
-def _verdict(ok: bool | None) -> str:
-    return "n/a" if ok is None else ("PASS" if ok else "MISS")
-
-
-def evaluate_targets(
-    rows: Sequence[dict[str, Any]], floors: Sequence[dict[str, Any]] = ()
-) -> list[dict[str, str]]:
-    """The issue's targets for ONNX INT8, each with the figure and PASS, MISS or n/a."""
-    one = _find(rows, "onnx-int8", 1)
-    four = _find(rows, "onnx-int8", 4)
-    targets: list[tuple[str, str, bool | None]] = []
-    if one is None:
-        targets.append((f"batch 1 >= {TARGET_TOKENS_PER_S:g} tokens/s", "not measured", None))
-        targets.append((f"batch 1 RTF <= {TARGET_RTF:g} end to end", "not measured", None))
-    else:
-        tps, rtf = one["tokens_per_s"], one["rtf"]
-        targets.append(
-            (f"batch 1 >= {TARGET_TOKENS_PER_S:g} tokens/s", f"{tps}", tps >= TARGET_TOKENS_PER_S)
-        )
-        targets.append((f"batch 1 RTF <= {TARGET_RTF:g} end to end", f"{rtf}", rtf <= TARGET_RTF))
-    name = f"batch 4 aggregate >= {TARGET_BATCH_GAIN:g}x batch 1"
-    if one is None or four is None:
-        targets.append((name, "not measured", None))
-    else:
-        gain = four["tokens_per_s"] / one["tokens_per_s"]
-        targets.append((name, f"{gain:.2f}x", gain >= TARGET_BATCH_GAIN))
-    for row in (r for r in rows if r["case"] in PEAK_RSS_CASES):
-        peak, torch_free = row["peak_rss_mb"], not row["torch_imported"]
-        limit = TARGET_PEAK_RSS_MB.get(row["batch"], max(TARGET_PEAK_RSS_MB.values()))
-        figure = f"{peak:.0f} MB, " + ("torch-free" if torch_free else "torch imported")
-        variant = "" if row["case"] == "onnx-int8" else f", {row['case'].removeprefix('onnx-')}"
-        targets.append(
-            (
-                f"torch-free process peak RSS <= {limit:g} MB (batch {row['batch']}{variant})",
-                figure,
-                torch_free and peak <= limit,
-            )
-        )
-    name = f"batch 1 GPT step <= {TARGET_FLOOR_MULTIPLE:g}x the bandwidth floor"
-    floor = next((f for f in floors if f["case"] == "onnx-int8" and f["batch"] == 1), None)
-    if floor is None:
-        targets.append((name, "not measured", None))
-    else:
-        multiple = floor["x floor"]
-        targets.append((name, f"{multiple:.2f}x", multiple <= TARGET_FLOOR_MULTIPLE))
-    name = f"first streamed audio <= {TARGET_FIRST_AUDIO_MS:g} ms"
-    timed = next((r for r in rows if r["case"] == "onnx-int8" and "first_audio_ms" in r), None)
-    if timed is None:
-        targets.append((name, "not measured", None))
-    else:
-        ms = timed["first_audio_ms"]
-        targets.append((name, f"{ms:.0f} ms", ms <= TARGET_FIRST_AUDIO_MS))
-    return [
-        {"target": f"ONNX INT8 {name}", "figure": figure, "result": _verdict(ok)}
-        for name, figure, ok in targets
-    ]
-
-
-def file_sizes(checkpoint: Path, export: Path, cases: Sequence[str]) -> list[dict[str, Any]]:
-    """The files each case loads (MB), and the GPT's part of them."""
-    rows: list[dict[str, Any]] = []
-    for case in cases:
-        if case in TORCH_CASES:
-            files = [p for p in (checkpoint / "asset").rglob("*") if p.is_file()]
-            gpt = [checkpoint / "asset" / "gpt" / "model.safetensors"]
-            note = "checkpoint (safetensors)"
-            if case == "torch-int8":
-                note += "; the GPT is quantized in memory at load"
-        else:
-            from tts_bridge.engines.chattts.onnx_engine import ChatTTSOnnxEngine
-            from tts_bridge.engines.chattts.onnx_format import (
-                external_data_path,
-                precision_files,
-                read_manifest,
-            )
-
-            precision = case.removeprefix("onnx-")
-            engine = ChatTTSOnnxEngine(export, precision=_precision(case))
-            files = [export / rel for rel in engine.files()]
-            graph = export / precision_files(read_manifest(export), precision)["gpt"]
-            gpt = [graph, external_data_path(graph)]
-            note = "ONNX export (graph + .data, numpy embeddings, tokenizer)"
-        gpt_bytes = sum(p.stat().st_size for p in gpt if p.is_file())
-        rows.append(
-            {
-                "case": case,
-                "files_mb": round(sum(p.stat().st_size for p in files) / 1e6, 1),
-                "gpt_mb": round(gpt_bytes / 1e6, 1),
-                # The graph's weights are nearly all of its files; a step reads each once.
-                "gpt_bytes": gpt_bytes,
-                "what": note,
-            }
-        )
-    return rows
+_MEASURE = "tts_bridge.bench.chattts_measure"
+"""The module whose children prepare the checkpoint and measure the torch cases."""
 
 
 def measure_fidelity(
@@ -776,13 +114,6 @@ def codec_fidelity(
     ]
 
 
-def _precision(case: str) -> Precision:
-    precision = case.removeprefix("onnx-")
-    if precision not in ("fp32", "int8", "int4", "int8-all"):
-        raise ValueError(f"not an ONNX case: {case}")
-    return cast("Precision", precision)
-
-
 def _onnx_ready(export: Path, cases: Sequence[str]) -> bool:
     from tts_bridge.engines.chattts.onnx_format import MANIFEST_FILE, read_manifest
 
@@ -800,8 +131,8 @@ def run_chattts_bench(
     rounds: int = 1,
     cases: Sequence[str] = CASES,
     threads: int | None = None,
-    hidden_size: int = OFFICIAL_HIDDEN_SIZE,
-    num_layers: int = OFFICIAL_LAYERS,
+    hidden_size: int = OFFICIAL.hidden_size,
+    num_layers: int = OFFICIAL.num_layers,
     first_audio_codes: int | None = None,
     spinning: bool = True,
 ) -> dict[str, Any]:
@@ -846,14 +177,14 @@ def run_chattts_bench(
     print(f"memory bandwidth {report['bandwidth']['gb_per_s']} GB/s", file=sys.stderr)
     print(f"checkpoint in {checkpoint} ...", file=sys.stderr)
     spec = [str(checkpoint), str(hidden_size), str(num_layers)]
-    report["checkpoint"] = run_child(__name__, ["checkpoint", *spec], timeout=CHILD_TIMEOUT_S)
+    report["checkpoint"] = run_child(_MEASURE, ["checkpoint", *spec], timeout=CHILD_TIMEOUT_S)
     dims = read_checkpoint(checkpoint)
     report["checkpoint"]["dims"] = asdict(dims)
     if any(case in ONNX_CASES for case in cases) and not _onnx_ready(export, cases):
         print(f"exporting to ONNX and quantizing in {export} ...", file=sys.stderr)
         extra = [c.removeprefix("onnx-") for c in ("onnx-int4", "onnx-int8-all") if c in cases]
         report["export"] = run_child(
-            __name__,
+            _MEASURE,
             ["export", str(checkpoint), str(export), ",".join(extra) or "none"],
             timeout=CHILD_TIMEOUT_S,
         )
@@ -880,7 +211,7 @@ def run_chattts_bench(
                     }
                     if case in TORCH_CASES:
                         row = run_child(
-                            __name__, ["measure", json.dumps(spec_)], timeout=CHILD_TIMEOUT_S
+                            _MEASURE, ["measure", json.dumps(spec_)], timeout=CHILD_TIMEOUT_S
                         )
                     else:
                         row = run_child(
@@ -913,174 +244,3 @@ def run_chattts_bench(
     results.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     print(f"\nwritten to {results}")
     return report
-
-
-def format_report(report: dict[str, Any]) -> str:
-    """The printed form: note and settings, the figures, file sizes, the targets."""
-    dims = report["checkpoint"]["dims"]
-    rounds = report["rounds"]
-    first = report["first_audio"]
-    lines = [
-        report["note"],
-        f"ChatTTS GPT {dims['hidden_size']} hidden x {dims['num_hidden_layers']} layers; "
-        f"{report['tokens_per_text']} tokens per text (EOS blocked until then), "
-        f"{report['threads']} threads (ONNX spinning "
-        f"{'on' if report.get('onnx_spinning', True) else 'off'}), "
-        + ("1 round" if rounds == 1 else f"best of {rounds} interleaved rounds (memory: highest)"),
-        f"first audio: {first['text']!r} through the engine's synthesize, EOS blocked for a fixed "
-        f"{first['codes']} codes (random weights stop at an arbitrary EOS); time to its first "
-        "yielded chunk",
-        "ms/step: one code for every text of the batch; tokens/s: all texts together; RTF e2e: "
-        "code loop with sampling, decoder, Vocos and ISTFT over the audio's duration",
-        "",
-    ]
-    shown = [
-        {
-            heading: ("" if row.get(field) is None else row[field])
-            for field, heading in TABLE_COLUMNS.items()
-        }
-        for row in report["results"]
-    ]
-    lines.append(_table(shown, list(TABLE_COLUMNS.values())))
-    lines += ["", "files loaded:"]
-    sizes = [
-        {"case": r["case"], "files MB": r["files_mb"], "GPT MB": r["gpt_mb"], "what": r["what"]}
-        for r in report["file_sizes"]
-    ]
-    lines.append(_table(sizes, ["case", "files MB", "GPT MB", "what"]))
-    memory = [
-        {
-            "case": r["case"],
-            "batch": r["batch"],
-            **{heading: r[key] for key, heading in MEMORY_COLUMNS.items() if key in r},
-        }
-        for r in report["results"]
-        if "peak_rss_loaded_mb" in r
-    ]
-    if memory:
-        lines += ["", "where the peak RSS (MB) is set, per stage (VmRSS now, VmHWM so far):"]
-        lines.append(_table(memory, ["case", "batch", *MEMORY_COLUMNS.values()]))
-    bandwidth = report["bandwidth"]
-    lines += [
-        "",
-        f"memory bandwidth at start: {bandwidth['gb_per_s']} GB/s ({bandwidth['how']}, "
-        f"{bandwidth['threads']} threads); a GPT step reads every weight once, so its floor is "
-        "weights / bandwidth (the KV cache read, shown beside, is left out of it):",
-    ]
-    if report["floors"]:
-        lines.append(_table(report["floors"], list(report["floors"][0])))
-    parts = [
-        {"case": r["case"], "first audio ms": r["first_audio_ms"], **r["first_audio_parts"]}
-        for r in report["results"]
-        if r.get("first_audio_parts")
-    ]
-    if parts:
-        lines += [
-            "",
-            "first streamed audio, where its time went: the prefill step, the codes made before "
-            "the first piece is sent (GPT steps after the prefill + sampling), the rest (text, "
-            "prompt, the first piece's decode); with the early start (approximate_ms of audio "
-            "from previews, their SNR against the exact audio) and without it (exact_*):",
-            _table(parts, list(parts[0])),
-        ]
-    contexts = [
-        {"case": r["case"], **{f"L={k}": v for k, v in r["early_snr_by_context"].items()}}
-        for r in report["results"]
-        if r.get("early_snr_by_context")
-    ]
-    if contexts:
-        lines += [
-            "",
-            "early start: SNR (dB) of the first piece's codes against the exact audio, by the "
-            "codes of right-hand context it waits for (random weights: an indicator only):",
-            _table(contexts, list(contexts[0])),
-        ]
-    if report["fidelity"]:
-        lines += [
-            "",
-            "GPT logits against FP32, teacher-forced on FP32's greedy codes (random weights: "
-            "an indicator only):",
-            _table(
-                report["fidelity"],
-                ["case", "tokens", "top1_agreement", "max_abs_logit_diff"],
-            ),
-        ]
-    if report.get("codec_fidelity"):
-        lines += [
-            "",
-            "INT8 decoder and Vocos (int8-all) against FP32's on the same hidden states, the "
-            "waveform's SNR (one shot, and streamed in the engine's pieces):",
-            _table(
-                report["codec_fidelity"],
-                ["case", "tokens", "snr_db", "streamed_snr_db", "max_abs_diff"],
-            ),
-        ]
-    full_size = report["note"] == NOTE
-    lines += ["", "targets" + (":" if full_size else ", set for the full-size model:")]
-    lines.append(_table(report["targets"], ["target", "figure", "result"]))
-    rows = report["results"]
-    busiest = max(max(r["loadavg_start"], r["loadavg_end"]) for r in rows)
-    cpus = report["machine"]["cpus"]
-    if busiest > cpus / 2:
-        # Threads stall when the cores are shared; say so next to the figures.
-        lines.append(
-            f"\nthe machine was busy (1-minute load average up to {busiest:.1f} on {cpus} "
-            "cores): these figures understate the speed"
-        )
-    return "\n".join(lines)
-
-
-def _child_main(argv: list[str]) -> int:
-    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
-    result: dict[str, Any]
-    if argv[:1] == ["checkpoint"] and len(argv) == 4:
-        checkpoint = Path(argv[1])
-        result = {"built": False}
-        # spk_stat.json is written last: its presence means a complete checkpoint.
-        if not (checkpoint / SPK_STAT_FILE).is_file():
-            started = time.perf_counter()
-            write_random_checkpoint(checkpoint, hidden_size=int(argv[2]), num_layers=int(argv[3]))
-            result = {"built": True, "build_s": round(time.perf_counter() - started, 1)}
-        result["official_sections"] = official_sections(checkpoint)
-    elif argv[:1] == ["export"] and len(argv) == 4:
-        from tts_bridge.engines.chattts.onnx_format import MANIFEST_FILE, read_manifest
-        from tts_bridge.engines.chattts.quantize import (
-            quantize_int4,
-            quantize_int8_all,
-            quantize_onnx,
-        )
-
-        checkpoint, export = Path(argv[1]), Path(argv[2])
-        started = time.perf_counter()
-        if not (export / MANIFEST_FILE).is_file():
-            from tts_bridge.engines.chattts.export import export_chattts
-
-            export_chattts(checkpoint, export)
-        exported = time.perf_counter()
-        if "int8" not in read_manifest(export)["variants"]:
-            quantize_onnx(export)
-        extra = set(argv[3].split(","))  # the optional variants: int4, int8-all (or none)
-        if "int4" in extra and "int4" not in read_manifest(export)["variants"]:
-            quantize_int4(export)
-        if "int8-all" in extra and "int8-all" not in read_manifest(export)["variants"]:
-            quantize_int8_all(export)
-        result = {
-            "export_s": round(exported - started, 1),
-            "quantize_s": round(time.perf_counter() - exported, 1),
-        }
-    elif argv[:1] == ["measure"] and len(argv) == 2:
-        result = measure_torch(json.loads(argv[1]))
-    else:
-        print(
-            "usage: python -m tts_bridge.bench.chattts checkpoint DEST HIDDEN LAYERS\n"
-            "       python -m tts_bridge.bench.chattts export CHECKPOINT DEST int4,int8-all|none\n"
-            "       python -m tts_bridge.bench.chattts measure SPEC_JSON",
-            file=sys.stderr,
-        )
-        return 2
-    print(json.dumps(result))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(_child_main(sys.argv[1:]))

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -19,12 +18,10 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import IO, Any
-
-import yaml
+from typing import Any
 
 from tts_bridge import __version__
-from tts_bridge.bench.util import machine_info, peak_rss_mb
+from tts_bridge.bench.util import machine_info, peak_rss_mb, start_bridge
 from tts_bridge.bench.util import table as _table
 from tts_bridge.config import Settings
 from tts_bridge.engines.base import SynthesisOptions
@@ -99,25 +96,6 @@ def _percentile(values: list[float], fraction: float) -> float:
     return ordered[index]
 
 
-def _start_bridge(
-    settings: Settings, *, host: str, port: int, base: str, workdir: Path, log: IO[str]
-) -> subprocess.Popen[bytes]:
-    config = settings.model_dump(mode="json")
-    config["mqtt"].update({"host": host, "port": port, "base_topic": base, "client_id": "bench"})
-    config["cache"]["dir"] = str(workdir / "cache")
-    config["journal"]["path"] = str(workdir / "journal.sqlite3")
-    config["wyoming"]["enabled"] = False  # an MQTT benchmark: no Wyoming server
-    # Loopback and any free port: a benchmark's audio server stays off the LAN.
-    config["http"].update({"host": "127.0.0.1", "port": 0})
-    config_path = workdir / "bridge.yaml"
-    config_path.write_text(yaml.safe_dump(config), encoding="utf-8")
-    return subprocess.Popen(
-        [sys.executable, "-m", "tts_bridge", "run", "--config", str(config_path)],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-
-
 def measure_cache_hits(
     settings: Settings, requests: int, workdir: Path, broker_nodelay: bool
 ) -> dict[str, Any]:
@@ -126,16 +104,14 @@ def measure_cache_hits(
     With mosquitto's default `set_tcp_nodelay false`, Nagle's algorithm adds ~40-90 ms per
     message on loopback; both settings are measured so the manual can show the difference.
     """
-    import paho.mqtt.client as mqtt
-    from paho.mqtt.enums import CallbackAPIVersion
-
     from tts_bridge.bench.localbroker import LocalBroker
+    from tts_bridge.mqtt.client import new_client
 
     base = "bench_tts"
     extra = ["set_tcp_nodelay true"] if broker_nodelay else []
     with LocalBroker(workdir / "broker", extra_config=extra) as broker:
         log = (workdir / "bridge.log").open("w")
-        bridge = _start_bridge(
+        bridge = start_bridge(
             settings, host=broker.host, port=broker.port, base=base, workdir=workdir, log=log
         )
         received = threading.Event()
@@ -147,12 +123,8 @@ def measure_cache_hits(
             elif msg.topic.startswith(f"{base}/audio/"):
                 received.set()
 
-        def on_socket_open(client: Any, userdata: Any, sock: Any) -> None:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-        client = mqtt.Client(CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv5)
+        client = new_client()
         client.on_message = on_message
-        client.on_socket_open = on_socket_open
         client.connect(broker.host, broker.port)
         client.subscribe([(f"{base}/audio/#", 1), (f"{base}/bridge/state", 1)])
         client.loop_start()

@@ -28,7 +28,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tts_bridge.bench.chattts import (
+from tts_bridge.bench.chattts_measure import (
     BENCH_TEXTS,
     FIRST_AUDIO_TEXT,
     ONNX_CASES,

@@ -12,9 +12,6 @@ Latency is measured at an MQTT subscriber, from publish to the audio's arrival.
 from __future__ import annotations
 
 import json
-import socket
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -23,8 +20,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
-
-import yaml
 
 from tts_bridge.config import Settings
 
@@ -79,44 +74,29 @@ class _Session:
 
 @contextmanager
 def _session(settings: Settings, workdir: Path, overrides: dict[str, Any]) -> Iterator[_Session]:
-    import paho.mqtt.client as mqtt
-    from paho.mqtt.enums import CallbackAPIVersion
-
     from tts_bridge.bench.localbroker import LocalBroker
+    from tts_bridge.bench.util import start_bridge
+    from tts_bridge.mqtt.client import new_client
 
     with LocalBroker(workdir / "broker", extra_config=["set_tcp_nodelay true"]) as broker:
-        config = settings.model_dump(mode="json")
-        config["mqtt"].update(
-            {"host": broker.host, "port": broker.port, "base_topic": BASE, "client_id": "bench"}
-        )
-        config["cache"]["dir"] = str(workdir / "cache")
-        config["journal"]["path"] = str(workdir / "journal.sqlite3")
-        config["wyoming"]["enabled"] = False  # an MQTT benchmark: no Wyoming server
-        # Loopback and any free port: a benchmark's audio server stays off the LAN.
-        config["http"].update({"host": "127.0.0.1", "port": 0})
-        config["homeassistant"]["discovery"] = False
-        for section, values in overrides.items():
-            config.setdefault(section, {}).update(values)
-        path = workdir / "bridge.yaml"
-        path.write_text(yaml.safe_dump(config), encoding="utf-8")
         log = (workdir / "bridge.log").open("w")
-        bridge = subprocess.Popen(
-            [sys.executable, "-m", "tts_bridge", "run", "--config", str(path)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
+        bridge = start_bridge(
+            settings,
+            host=broker.host,
+            port=broker.port,
+            base=BASE,
+            workdir=workdir,
+            log=log,
+            overrides=overrides,
         )
-        client = mqtt.Client(CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv5)
+        client = new_client()
         session = _Session(client)
 
         def on_message(c: Any, u: Any, msg: Any) -> None:
             props = dict(getattr(msg.properties, "UserProperty", None) or [])
             session.record(msg.topic, props, bytes(msg.payload))
 
-        def on_socket_open(c: Any, u: Any, sock: Any) -> None:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
         client.on_message = on_message
-        client.on_socket_open = on_socket_open
         client.connect(broker.host, broker.port)
         client.subscribe([(f"{BASE}/#", 1)])
         client.loop_start()

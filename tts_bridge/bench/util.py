@@ -1,4 +1,5 @@
-"""Small helpers shared by the benchmarks: the machine, a text table, child processes, memory."""
+"""Small helpers shared by the benchmarks: the machine, a text table, child processes, memory,
+a bridge process of its own."""
 
 from __future__ import annotations
 
@@ -11,7 +12,10 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tts_bridge.config import Settings
 
 
 def machine_info() -> dict[str, Any]:
@@ -129,3 +133,36 @@ def patched(owner: Any, name: str, value: Any) -> Iterator[None]:
             setattr(owner, name, original)
         else:
             delattr(owner, name)
+
+
+def start_bridge(
+    settings: Settings,
+    *,
+    host: str,
+    port: int,
+    base: str,
+    workdir: Path,
+    log: IO[str],
+    overrides: dict[str, dict[str, Any]] | None = None,
+) -> subprocess.Popen[bytes]:
+    """``tts-bridge run`` in a child process on the bench's broker, with its state in
+    ``workdir``; ``overrides`` change whole settings sections' keys."""
+    import yaml
+
+    config = settings.model_dump(mode="json")
+    config["mqtt"].update({"host": host, "port": port, "base_topic": base, "client_id": "bench"})
+    config["cache"]["dir"] = str(workdir / "cache")
+    config["journal"]["path"] = str(workdir / "journal.sqlite3")
+    config["wyoming"]["enabled"] = False  # an MQTT benchmark: no Wyoming server
+    # Loopback and any free port: a benchmark's audio server stays off the LAN.
+    config["http"].update({"host": "127.0.0.1", "port": 0})
+    config["homeassistant"]["discovery"] = False  # a benchmark is not a device of the home
+    for section, values in (overrides or {}).items():
+        config.setdefault(section, {}).update(values)
+    config_path = workdir / "bridge.yaml"
+    config_path.write_text(yaml.safe_dump(config), encoding="utf-8")
+    return subprocess.Popen(
+        [sys.executable, "-m", "tts_bridge", "run", "--config", str(config_path)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )

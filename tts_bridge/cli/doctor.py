@@ -28,14 +28,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 import paho.mqtt.client as mqtt
-from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
 from tts_bridge import __version__
 from tts_bridge.config import CacheSettings, ConfigError, MqttSettings, Settings, load_settings
 from tts_bridge.hardware import Hardware, ThreadPlan, detect_hardware
-from tts_bridge.mqtt.client import configure_tls
+from tts_bridge.mqtt.client import new_client
 
 if TYPE_CHECKING:
     from tts_bridge.engines.registry import Voice
@@ -119,16 +118,8 @@ def broker_url(settings: MqttSettings) -> str:
 def _make_client(settings: MqttSettings) -> mqtt.Client:
     # A client id of its own: connecting with the bridge's id would take over (and so
     # disconnect) a running bridge's session.
-    client = mqtt.Client(
-        CallbackAPIVersion.VERSION2,
-        client_id=f"{settings.client_id}-doctor-{uuid.uuid4().hex[:8]}",
-        protocol=mqtt.MQTTv5,
-    )
-    if settings.username is not None:
-        client.username_pw_set(settings.username, settings.password)
     # A failed TLS handshake arrives as ssl.SSLError and _socket_problem words it.
-    configure_tls(client, settings)
-    return client
+    return new_client(settings, client_id=f"{settings.client_id}-doctor-{uuid.uuid4().hex[:8]}")
 
 
 def _socket_problem(settings: MqttSettings, exc: OSError, timeout_s: float) -> str:

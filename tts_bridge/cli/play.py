@@ -12,7 +12,6 @@ thread, so a long announcement never stalls the MQTT connection.
 from __future__ import annotations
 
 import logging
-import os
 import queue
 import re
 import shutil
@@ -26,13 +25,13 @@ from pathlib import Path
 from typing import Any
 
 import paho.mqtt.client as mqtt
-from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from tts_bridge.config import MqttSettings
-from tts_bridge.mqtt.client import configure_tls
+from tts_bridge.durable import write_atomic
+from tts_bridge.mqtt.client import new_client
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -104,10 +103,9 @@ def write_wav(out_dir: Path, message: AudioMessage, now: datetime | None = None)
         path = out_dir / f"{stem}-{n}.wav"
         n += 1
     # Written under a hidden name and renamed, so a program watching the folder never reads
-    # half a file.
-    partial = out_dir / f".{path.name}.part"
-    partial.write_bytes(message.payload)
-    os.replace(partial, path)
+    # half a file; readable by others like any file a shell writes (a player may run as
+    # another user).
+    write_atomic(path, message.payload, mode=0o644)
     return path
 
 
@@ -265,15 +263,11 @@ class _Session:
         self._ready = ready
         self._answered = threading.Event()
         self._refused: str | None = None
-        self._client = mqtt.Client(
-            CallbackAPIVersion.VERSION2,
-            client_id=f"tts-bridge-player-{uuid.uuid4().hex[:8]}",
-            protocol=mqtt.MQTTv5,
+        # The login is the caller's; TLS is used only when the caller passes its settings.
+        login = (tls or MqttSettings(host=host, port=port)).model_copy(
+            update={"username": username, "password": password}
         )
-        if username is not None:
-            self._client.username_pw_set(username, password)
-        if tls is not None:
-            configure_tls(self._client, tls)
+        self._client = new_client(login, client_id=f"tts-bridge-player-{uuid.uuid4().hex[:8]}")
         self._client.on_connect = self._on_connect
         self._client.on_disconnect = self._on_disconnect
         self._client.on_subscribe = self._on_subscribe

@@ -119,17 +119,47 @@ class OutgoingMessage:
         return props if used else None
 
 
-def configure_tls(client: mqtt.Client, settings: MqttSettings) -> None:
-    """Apply the TLS settings (CA, client certificate and key, host name check) to a client."""
-    tls = settings.tls
-    if not tls.enabled:
-        return
-    client.tls_set(
-        ca_certs=str(tls.ca_file) if tls.ca_file else None,
-        certfile=str(tls.cert_file) if tls.cert_file else None,
-        keyfile=str(tls.key_file) if tls.key_file else None,
+def new_client(
+    settings: MqttSettings | None = None, *, client_id: str = "", manual_ack: bool = False
+) -> mqtt.Client:
+    """A paho client as every part of the project connects: MQTT 5, paho's version 2 callbacks,
+    TCP_NODELAY, and (from ``settings``) the login and TLS (CA, client certificate and key,
+    host name check). ``client_id`` empty: the broker assigns one. Callers set their own
+    callbacks and connect."""
+    client = mqtt.Client(
+        CallbackAPIVersion.VERSION2,
+        client_id=client_id,
+        protocol=mqtt.MQTTv5,
+        reconnect_on_failure=True,
+        manual_ack=manual_ack,
     )
-    client.tls_insecure_set(tls.insecure)
+    client.on_socket_open = _set_nodelay
+    if settings is None:
+        return client
+    if settings.username is not None:
+        client.username_pw_set(settings.username, settings.password)
+    tls = settings.tls
+    if tls.enabled:
+        # A failed handshake surfaces as ssl.SSLError at connect, where callers word it.
+        client.tls_set(
+            ca_certs=str(tls.ca_file) if tls.ca_file else None,
+            certfile=str(tls.cert_file) if tls.cert_file else None,
+            keyfile=str(tls.key_file) if tls.key_file else None,
+        )
+        client.tls_insecure_set(tls.insecure)
+    return client
+
+
+def _set_nodelay(client: mqtt.Client, userdata: Any, sock: Any) -> None:
+    # Without TCP_NODELAY, Nagle's algorithm and the peer's delayed ACK hold a small packet
+    # that follows a large WAV for ~40 ms per hop (the bench shows it; the broker needs
+    # `set_tcp_nodelay true` too for cache hits in a few milliseconds). paho stops its loop
+    # when a callback raises, so nothing escapes.
+    try:
+        if isinstance(sock, socket.socket) and sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    except OSError as exc:
+        _LOGGER.debug("TCP_NODELAY not set: %s", exc)
 
 
 _BAD_CREDENTIALS = (0x86, 0x87, 0x8C)
@@ -163,16 +193,7 @@ class MqttConnection:
         self.connected = threading.Event()
         self.max_packet_size: int | None = None
         self.connects = 0
-        client = mqtt.Client(
-            CallbackAPIVersion.VERSION2,
-            client_id=settings.client_id,
-            protocol=mqtt.MQTTv5,
-            reconnect_on_failure=True,
-            manual_ack=True,
-        )
-        if settings.username is not None:
-            client.username_pw_set(settings.username, settings.password)
-        configure_tls(client, settings)
+        client = new_client(settings, client_id=settings.client_id, manual_ack=True)
         client.max_queued_messages_set(settings.max_queued_messages)
         client.will_set(will.topic, will.payload, qos=will.qos, retain=will.retain)
         client.reconnect_delay_set(min_delay=1, max_delay=settings.reconnect_max_delay_s)
@@ -180,7 +201,6 @@ class MqttConnection:
         client.on_disconnect = self._handle_disconnect
         client.on_message = self._handle_message
         client.on_subscribe = self._handle_subscribe
-        client.on_socket_open = self._handle_socket_open
         client.on_connect_fail = self._handle_connect_fail
         client.on_publish = self._handle_publish
         self._last_failure: str | None = None
@@ -378,16 +398,6 @@ class MqttConnection:
             self._on_connected()
         except Exception:
             _LOGGER.exception("Error while handling the connection")
-
-    def _handle_socket_open(self, client: mqtt.Client, userdata: Any, sock: Any) -> None:
-        # Without TCP_NODELAY, Nagle's algorithm and the peer's delayed ACK hold a small packet
-        # that follows a large WAV for ~40 ms per hop (the bench shows it; the broker needs
-        # `set_tcp_nodelay true` too for cache hits in a few milliseconds).
-        try:
-            if isinstance(sock, socket.socket) and sock.family in (socket.AF_INET, socket.AF_INET6):
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        except OSError as exc:
-            _LOGGER.debug("TCP_NODELAY not set: %s", exc)
 
     def _handle_connect_fail(self, client: mqtt.Client, userdata: Any) -> None:
         # paho retries silently and does not say why; find out once per distinct reason.

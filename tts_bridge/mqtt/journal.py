@@ -51,6 +51,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
+from tts_bridge.durable import fsync_dir
 from tts_bridge.faults import FaultCondition
 
 _LOGGER = logging.getLogger(__name__)
@@ -254,7 +255,7 @@ class Journal:
                 os.fchmod(fd, 0o600)
             finally:
                 os.close(fd)
-            _fsync_directory(directory)  # the new file's name survives a power cut, too
+            fsync_dir(directory)  # the new file's name survives a power cut, too
         except OSError as exc:
             raise JournalError(self.path, f"cannot create it: {exc}") from exc
 
@@ -649,11 +650,3 @@ def _entry(row: tuple[Any, ...]) -> JournalEntry:
         received_at=row[6],
         attempts=row[7],
     )
-
-
-def _fsync_directory(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

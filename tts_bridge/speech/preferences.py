@@ -9,15 +9,14 @@ apply); the next choice replaces it.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
-import tempfile
 import threading
 from pathlib import Path
 from typing import Any
 
+from tts_bridge.durable import write_atomic
 from tts_bridge.engines.registry import EnginePool, UnknownVoiceError
 
 _LOGGER = logging.getLogger(__name__)
@@ -90,20 +89,8 @@ class Preferences:
                 # only the bridge's user may read it (the same rule as the journal's).
                 directory.mkdir(parents=True, mode=0o700)
                 os.chmod(directory, 0o700)  # mkdir applies the umask; 0700 exactly
-            fd, tmp_name = tempfile.mkstemp(prefix=f".{FILE_NAME}.", suffix=".tmp", dir=directory)
+            write_atomic(self.path, body + "\n")
         except OSError as exc:
-            raise PreferencesError(f"cannot save {self.path}: {exc}") from exc
-        tmp = Path(tmp_name)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as stream:
-                stream.write(body + "\n")
-                stream.flush()
-                os.fsync(stream.fileno())
-            os.replace(tmp, self.path)
-            _fsync_directory(directory)  # the rename itself survives a power cut
-        except OSError as exc:
-            with contextlib.suppress(OSError):
-                tmp.unlink()
             raise PreferencesError(f"cannot save {self.path}: {exc}") from exc
 
 
@@ -132,11 +119,3 @@ def restore_default_voice(preferences: Preferences, engines: EnginePool) -> None
         preferences.path,
         configured,
     )
-
-
-def _fsync_directory(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

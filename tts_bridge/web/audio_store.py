@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tts_bridge.config import Settings
+from tts_bridge.durable import is_partial, write_atomic
 from tts_bridge.formats import CONTAINERS, EXTENSIONS, AudioFormat, Container
 
 _LOGGER = logging.getLogger(__name__)
@@ -35,7 +36,8 @@ TOKEN_CHARS = 32
 _NAME_RE = re.compile(r"^([A-Za-z0-9_-]{32})\.([a-z0-9]{1,8})$")
 _BY_EXTENSION: dict[str, Container] = {EXTENSIONS[c]: c for c in CONTAINERS}
 _SECRET_BYTES = 32
-_TEMP_PREFIX = ".part-"
+_OLD_TEMP_PREFIX = ".part-"
+"""Partial writes of earlier versions, still swept."""
 _SWEEP_INTERVAL_S = 60.0
 
 
@@ -65,14 +67,7 @@ def _read_or_make_secret(path: Path) -> bytes:
         )
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     secret = secrets.token_bytes(_SECRET_BYTES)
-    temp = path.with_name(f"{_TEMP_PREFIX}{path.name}.{secrets.token_hex(4)}")
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        os.write(fd, secret)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(temp, path)
+    write_atomic(path, secret, mode=0o600)
     return secret
 
 
@@ -132,18 +127,8 @@ class AudioStore:
         if not re.fullmatch(r"[A-Za-z0-9_-]{32}", token):
             raise ValueError("not a store token")
         path = self._path(token, fmt)
-        temp = self.directory / f"{_TEMP_PREFIX}{secrets.token_hex(8)}"
-        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        try:
-            with os.fdopen(fd, "wb") as out:
-                out.write(data)
-            now = self._clock()
-            os.utime(temp, (now, now + ttl_s))
-            os.replace(temp, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                temp.unlink()
-            raise
+        now = self._clock()
+        write_atomic(path, data, mode=0o600, times=(now, now + ttl_s))
         with self._lock:
             self._bytes_since_sweep += len(data)
             due = self._clock() - self._last_sweep >= _SWEEP_INTERVAL_S
@@ -193,7 +178,8 @@ class AudioStore:
                     stat = entry.stat(follow_symlinks=False)
                 except OSError:
                     continue
-                stale_part = entry.name.startswith(_TEMP_PREFIX) and stat.st_mtime < now - 3600
+                partial = is_partial(entry.name) or entry.name.startswith(_OLD_TEMP_PREFIX)
+                stale_part = partial and stat.st_mtime < now - 3600
                 expired = _NAME_RE.match(entry.name) is not None and stat.st_mtime <= now
                 if stale_part or expired:
                     removed += _unlink(Path(entry.path))

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from tts_bridge.durable import write_atomic
 from tts_bridge.engines.base import EngineError, Precision
 from tts_bridge.manifests import sha256_file
 
@@ -115,7 +116,8 @@ def write_manifest(
     }
     data.update(extra or {})
     path = folder / MANIFEST_FILE
-    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    # Rewritten by each quantization too: a crash leaves the old manifest or the new one.
+    write_atomic(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
     return path
 
 
