@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 BUILTIN_MODULES = (
     "tts_bridge.engines.piper",
     "tts_bridge.engines.hibari",
+    "tts_bridge.engines.kokoro",
     "tts_bridge.engines.chattts",
 )
 """The modules whose import registers the engines that come with the bridge."""
