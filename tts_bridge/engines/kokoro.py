@@ -179,6 +179,13 @@ class KokoroEngine:
 
             from tts_bridge.engines.chattts.onnx_model import session_options
 
+            for needed in ("misaki", "jieba", "pypinyin"):
+                if importlib.util.find_spec(needed) is None:
+                    raise EngineError(
+                        f"the Chinese front end needs the package {needed} (misaki[zh]==0.9.4, "
+                        "installed by script/setup on Python 3.11 and 3.12)"
+                    )
+
             plan = self._plan
             options = session_options(
                 plan.intra_op_threads, arena=plan.arena, spinning=plan.spinning
