@@ -131,7 +131,7 @@ def test_unknown_engine_lists_the_known_kinds(tmp_path: Path) -> None:
         catalog.spec("espeak")
     assert (
         str(caught.value)
-        == "unknown engine 'espeak'; known: chattts, chattts-onnx, hibari, kokoro, piper"
+        == "unknown engine 'espeak'; known: chattts, chattts-onnx, hibari, kokoro, kokoro-en, piper"
     )
     with pytest.raises(
         ConfigError, match=r"voices\.x\.engine: .*unknown engine 'espeak'; known: ch"
@@ -140,19 +140,21 @@ def test_unknown_engine_lists_the_known_kinds(tmp_path: Path) -> None:
 
 
 def test_builtin_kinds_are_declared() -> None:
-    assert catalog.kinds() == ["chattts", "chattts-onnx", "hibari", "kokoro", "piper"]
+    assert catalog.kinds() == ["chattts", "chattts-onnx", "hibari", "kokoro", "kokoro-en", "piper"]
     tiers = {kind: catalog.spec(kind).tier for kind in catalog.kinds()}
     assert tiers == {
         "chattts": "quality",
         "chattts-onnx": "fast",
         "hibari": "fast",
         "kokoro": "fast",
+        "kokoro-en": "fast",
         "piper": "quality",
     }
     # Only the engines that ship a model have one to fall back to.
     assert [k for k in catalog.kinds() if catalog.spec(k).bundled_model] == [
         "hibari",
         "kokoro",
+        "kokoro-en",
         "piper",
     ]
 

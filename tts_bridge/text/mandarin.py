@@ -14,6 +14,7 @@ import logging
 import re
 from collections.abc import Callable
 
+from tts_bridge.text import espeak_ipa
 from tts_bridge.text.normalize import normalize
 
 _LOGGER = logging.getLogger(__name__)
@@ -55,27 +56,6 @@ _LETTERS = {
     "y": "wˈI",
     "z": "zˈi",
 }
-
-# espeak-ng's English IPA to the symbols Kokoro was trained on (misaki's EspeakFallback table,
-# without tie bars: piper's espeak bridge writes diphthongs as two plain letters). Longest first.
-_ESPEAK_TO_KOKORO = (
-    ("aɪ", "I"),
-    ("aʊ", "W"),
-    ("dʒ", "ʤ"),
-    ("eɪ", "A"),
-    ("tʃ", "ʧ"),
-    ("ɔɪ", "Y"),
-    ("oʊ", "O"),
-    ("ɜː", "ɜɹ"),
-    ("ɚ", "əɹ"),
-    ("ɐ", "ə"),
-    ("r", "ɹ"),
-    ("x", "k"),
-    ("ç", "k"),
-    ("ɾ", "T"),
-    ("ʔ", "t"),
-    ("ː", ""),
-)
 
 EnglishPhonemizer = Callable[[str], str]
 """An English word to Kokoro phonemes."""
@@ -158,21 +138,6 @@ def _syllable_ipa(syllable: str) -> str:
         return ""
 
 
-@functools.lru_cache(maxsize=1)
-def _espeak() -> Callable[[str], str]:
-    from piper.phonemize_espeak import EspeakPhonemizer
-
-    phonemizer = EspeakPhonemizer()
-
-    def english(word: str) -> str:
-        phonemes = "".join(p for sentence in phonemizer.phonemize("en-us", word) for p in sentence)
-        for old, new in _ESPEAK_TO_KOKORO:
-            phonemes = phonemes.replace(old, new)
-        return phonemes.strip()
-
-    return english
-
-
 def spell(word: str) -> str:
     """An acronym letter by letter, as English letter names."""
     return " ".join(_LETTERS[c] for c in word.lower() if c in _LETTERS)
@@ -184,7 +149,7 @@ def latin_word(word: str, english: EnglishPhonemizer | None = None) -> str:
     letters = word.replace("'", "").replace("’", "")
     if len(letters) <= 2 or letters.isupper():
         return spell(letters)
-    reader = english or _espeak()
+    reader = english or espeak_ipa.english
     try:
         phonemes = reader(word)
     except Exception:  # espeak unavailable: spelling the word still says it
