@@ -59,6 +59,8 @@ class EngineContext:
     """Runs a function on the pool's loader thread (normal priority) and returns its result."""
     early_start: bool = False
     """Streaming engines that can: start with approximate audio (synthesis.chattts_early_start)."""
+    models_dir: Path | None = None
+    """models.dir, for engines that read files of their own there (Kokoro's downloaded voices)."""
 
 
 def check_model_file(

@@ -58,6 +58,19 @@ def voice_dir() -> Path:
     return Path(__file__).resolve().parent.parent / "voicedata" / "kokoro"
 
 
+def published_voices() -> dict[str, str]:
+    """Every voice of Kokoro v1.0 (name -> SHA-256 of its file), as the project trusts them
+    for ``models download kokoro``: the voices/*.bin of kokoro-js 1.2.1."""
+    sums = _read_sums(voice_dir(), "HUB_SHA256SUMS")
+    return {Path(path).stem: digest for path, digest in sums.items()}
+
+
+def known_speakers(language: str) -> list[str]:
+    """The voices of ``language`` a configuration may name: shipped, or to download."""
+    prefixes = _SPEAKER_PREFIX[language]
+    return sorted(n for n in published_voices() if n.startswith(prefixes))
+
+
 def packaged_speakers(language: str | None = None) -> list[str]:
     """The shipped voices (of ``language``: "zh" or "en")."""
     names = sorted(p.stem for p in voice_dir().glob("*.bin"))
@@ -81,9 +94,9 @@ def bundled_model() -> Path:
     return _part_path(MODEL_PARTS[0])
 
 
-def _read_sums(folder: Path) -> dict[str, str]:
+def _read_sums(folder: Path, file: str = "SHA256SUMS") -> dict[str, str]:
     sums: dict[str, str] = {}
-    for line in (folder / "SHA256SUMS").read_text(encoding="utf-8").splitlines():
+    for line in (folder / file).read_text(encoding="utf-8").splitlines():
         if line.strip():
             digest, name = line.split(maxsplit=1)
             sums[name.lstrip("*")] = digest
@@ -136,6 +149,7 @@ class KokoroEngine:
         # the other English voices get (abbreviations, units, Chinese names in pinyin).
         self.front_end: FrontEnd = "numbers" if language == "zh" else "english"
         self._model = context.model
+        self._models_dir = context.models_dir
         self._bundled = self._model == bundled_model() if _installed() else False
         if self._bundled:
             self._sha256 = MODEL_SHA256
@@ -216,10 +230,10 @@ class KokoroEngine:
         known = self._styles.get(speaker)
         if known is not None:
             return known
-        if speaker not in packaged_speakers(self.language):
-            shipped = ", ".join(packaged_speakers(self.language))
-            raise EngineError(f"{self.name} has no voice {speaker!r}; available: {shipped}")
-        data = self._verified(f"{speaker}.bin")
+        if speaker in packaged_speakers(self.language):
+            data = self._verified(f"{speaker}.bin")
+        else:
+            data = self._downloaded(speaker)
         vectors = np.frombuffer(data, dtype=np.float32).reshape(-1, _STYLE_DIM)
         self._styles[speaker] = vectors
         return vectors
@@ -236,6 +250,29 @@ class KokoroEngine:
         if actual != want:
             raise EngineError(
                 f"kokoro file {folder / file} was changed: expected sha256 {want}, actual {actual}"
+            )
+        return data
+
+    def _downloaded(self, speaker: str) -> bytes:
+        """A voice fetched by ``models download kokoro``, checked against its published hash."""
+        from tts_bridge.hub.layout import KOKORO_VOICES_DIR
+
+        want = published_voices().get(speaker)
+        if want is None or not speaker.startswith(_SPEAKER_PREFIX[self.language]):
+            known = ", ".join(known_speakers(self.language))
+            raise EngineError(f"{self.name} has no voice {speaker!r}; available: {known}")
+        path = (self._models_dir or Path()) / KOKORO_VOICES_DIR / f"{speaker}.bin"
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            raise EngineError(
+                f"kokoro voice {speaker!r} is not downloaded ({path}); "
+                f"fetch it with: tts-bridge models download kokoro {speaker}"
+            ) from None
+        actual = hashlib.sha256(data).hexdigest()
+        if actual != want:
+            raise EngineError(
+                f"kokoro voice file {path} was changed: expected sha256 {want}, actual {actual}"
             )
         return data
 
@@ -293,10 +330,12 @@ def _check_files(
 def _checker(language: str) -> Callable[[VoiceSettings], None]:
     def check(voice: VoiceSettings) -> None:
         speaker = voice.speaker or DEFAULT_SPEAKERS[language]
-        if speaker not in packaged_speakers(language):
+        if speaker not in known_speakers(language):
+            shipped = packaged_speakers(language)
+            fetched = [n for n in known_speakers(language) if n not in shipped]
             raise ValueError(
-                f"{voice.engine} speaker {speaker!r} is not shipped; available: "
-                f"{', '.join(packaged_speakers(language))}"
+                f"{voice.engine} has no speaker {speaker!r}; shipped: {', '.join(shipped)}; "
+                f"to download (models download kokoro NAME): {', '.join(fetched) or 'none'}"
             )
 
     return check
