@@ -276,7 +276,7 @@ def test_environment_phrases_list_and_json_objects() -> None:
     # A comma inside a phrase is kept: JSON says where each item ends.
     assert settings.phrases == ["Dinner is ready.", "Good night, everyone."]
     # Changing one voice keeps the others (the default voices stay).
-    assert set(settings.voices) == {"joe", "heart"}
+    assert set(settings.voices) == {"joe", "heart", "xiaobei"}
     assert settings.voices["joe"].speed == 1.25
     assert settings.voices["joe"].engine == "piper"
     options = settings.voices["joe"].options
@@ -368,7 +368,7 @@ def test_errors_name_the_file_or_the_command_line(tmp_path: Path) -> None:
     message = str(caught.value)
     assert message == (
         f"invalid configuration: {cfg}: default_voice: 'nobody' is not one of the voices: "
-        "heart, joe"
+        "heart, joe, xiaobei"
     )
 
     with pytest.raises(ConfigError, match=r"command line mqtt\.port: "):

@@ -323,6 +323,12 @@ def _default_voices() -> dict[str, VoiceSettings]:
             engine="piper", description="Piper en_US joe medium (22.05 kHz)", fast_voice="heart"
         ),
         "heart": VoiceSettings(engine="hibari", description="hibari heart, INT8 ONNX (24 kHz)"),
+        # Chinese on every install: the sentences in Chinese of any request go to it.
+        "xiaobei": VoiceSettings(
+            engine="kokoro",
+            speaker="zf_xiaobei",
+            description="Kokoro v1.0 zf_xiaobei, INT8 ONNX, Mandarin (24 kHz)",
+        ),
     }
 
 

@@ -120,8 +120,15 @@ def test_fresh_install_passes_every_check(tmp_path: Path, broker: LocalBroker) -
         "timing joe",
         "voice heart",
         "timing heart",
+        "voice xiaobei",
+        "timing xiaobei",
     ], text
-    assert {status for status, _ in lines.values()} == {"PASS"}, text
+    # The Chinese voice is slower than real time on a busy 2-core machine (a warning, not a
+    # failure); its speed is the bench's to show.
+    statuses = {status for name, (status, _) in lines.items() if name != "timing xiaobei"}
+    assert statuses == {"PASS"}, text
+    assert lines["timing xiaobei"][0] in ("PASS", "WARN"), text
+    assert "'前门开着。'" in lines["timing xiaobei"][1]
     assert plan.describe()[0] in text
     assert all(line in text for line in plan.describe()[1:])
     assert "connected (MQTT 5)" in lines["broker"][1]
@@ -131,7 +138,7 @@ def test_fresh_install_passes_every_check(tmp_path: Path, broker: LocalBroker) -
     for voice in ("joe", "heart"):
         assert "'The front door is open.'" in lines[f"timing {voice}"][1]
         assert "RTF 0." in lines[f"timing {voice}"][1]
-    assert text.rstrip().endswith("all 9 checks passed")
+    assert "all 11 checks passed" in text.rstrip().splitlines()[-1]
     assert (tmp_path / "cache").is_dir(), "doctor creates the cache folder as the bridge would"
 
 

@@ -130,7 +130,8 @@ def test_unknown_engine_lists_the_known_kinds(tmp_path: Path) -> None:
     with pytest.raises(catalog.UnknownEngineError) as caught:
         catalog.spec("espeak")
     assert (
-        str(caught.value) == "unknown engine 'espeak'; known: chattts, chattts-onnx, hibari, piper"
+        str(caught.value)
+        == "unknown engine 'espeak'; known: chattts, chattts-onnx, hibari, kokoro, kokoro-en, piper"
     )
     with pytest.raises(
         ConfigError, match=r"voices\.x\.engine: .*unknown engine 'espeak'; known: ch"
@@ -139,16 +140,23 @@ def test_unknown_engine_lists_the_known_kinds(tmp_path: Path) -> None:
 
 
 def test_builtin_kinds_are_declared() -> None:
-    assert catalog.kinds() == ["chattts", "chattts-onnx", "hibari", "piper"]
+    assert catalog.kinds() == ["chattts", "chattts-onnx", "hibari", "kokoro", "kokoro-en", "piper"]
     tiers = {kind: catalog.spec(kind).tier for kind in catalog.kinds()}
     assert tiers == {
         "chattts": "quality",
         "chattts-onnx": "fast",
         "hibari": "fast",
+        "kokoro": "fast",
+        "kokoro-en": "fast",
         "piper": "quality",
     }
     # Only the engines that ship a model have one to fall back to.
-    assert [k for k in catalog.kinds() if catalog.spec(k).bundled_model] == ["hibari", "piper"]
+    assert [k for k in catalog.kinds() if catalog.spec(k).bundled_model] == [
+        "hibari",
+        "kokoro",
+        "kokoro-en",
+        "piper",
+    ]
 
 
 def test_a_kind_is_registered_once(tone: EngineSpec) -> None:

@@ -425,3 +425,73 @@ def test_missing_voice_files_are_refused_with_the_fetch_command(tmp_path: Path) 
 
     with pytest.raises(EngineError, match=f"tts-bridge models download piper {ZH}"):
         EnginePool(settings, threads=1)
+
+
+# -- Kokoro voices --------------------------------------------------------------------------
+
+
+def test_kokoro_voice_is_verified_recorded_and_speaks(
+    tmp_path: Path,
+    hub: FakeHub,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from tts_bridge.engines import kokoro as engine
+    from tts_bridge.engines.base import SynthesisOptions
+    from tts_bridge.engines.registry import EnginePool
+    from tts_bridge.hub import kokoro
+
+    # A voice the bridge does not ship, with the digest the project trusts for it; its bytes
+    # are a shipped voice's (the real af_sky is not on this machine).
+    vector = (engine.voice_dir() / "af_bella.bin").read_bytes()
+    published = {**engine.published_voices(), "af_test": hashlib.sha256(vector).hexdigest()}
+    monkeypatch.setattr(engine, "published_voices", lambda: published)
+    hub.add(kokoro.REPO, kokoro.REVISION, {"voices/af_test.bin": vector})
+    config = _config(tmp_path)
+    assert _run(config, "download", "kokoro", "af_test", "--yes", "--add-voice", "sky") == 0
+    models = tmp_path / "models"
+    voice_file = models / "kokoro" / "voices" / "af_test.bin"
+    assert voice_file.read_bytes() == vector
+    assert not (models / ".downloads" / "kokoro-af_test").exists(), "staging is cleared"
+    assert user_manifests(models)["kokoro-af_test"].expected_hashes() == {
+        "af_test.bin": published["af_test"]
+    }
+    assert "voice 'sky' written" in capsys.readouterr().out
+    settings = load_settings(config, {"default_voice": "sky"})
+    pool = EnginePool(settings, threads=1)
+    voice = pool.voice("sky")
+    assert (voice.engine.name, voice.speaker) == ("kokoro-en", "af_test")
+    pool.ensure_loaded(voice.engine)
+    audio = list(voice.engine.synthesize("Hello there.", voice.speaker, SynthesisOptions()))
+    assert sum(len(a) for a in audio) > engine.SAMPLE_RATE // 4
+    # Changed on disk afterwards: refused when the voice is next loaded.
+    voice_file.write_bytes(vector[:-4] + b"\0\0\0\0")
+    assert isinstance(voice.engine, engine.KokoroEngine)
+    voice.engine.unload()
+    with pytest.raises(EngineError, match=r"af_test\.bin was changed"):
+        list(voice.engine.synthesize("Hello.", voice.speaker, SynthesisOptions()))
+
+
+def test_tampered_kokoro_voice_is_refused_and_nothing_trusted(
+    tmp_path: Path, hub: FakeHub, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tts_bridge.hub import kokoro
+
+    hub.add(kokoro.REPO, kokoro.REVISION, {"voices/af_sky.bin": b"\0" * 1024})
+    config = _config(tmp_path)
+    assert _run(config, "download", "kokoro", "af_sky", "--yes") == 1
+    assert "refused, not the published voice" in capsys.readouterr().err
+    models = tmp_path / "models"
+    assert not (models / "kokoro").exists()
+    assert "kokoro-af_sky" not in user_manifests(models)
+
+
+def test_kokoro_names_outside_the_spoken_languages_are_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = _config(tmp_path)
+    assert _run(config, "download", "kokoro", "jf_alpha", "--yes") == 1
+    err = capsys.readouterr().err
+    assert "not a Kokoro v1.0 voice the bridge speaks" in err and "af_sky" in err
+    assert _run(config, "download", "kokoro", "zf_xiaobei", "--yes") == 1
+    assert "comes with tts-bridge already" in capsys.readouterr().err

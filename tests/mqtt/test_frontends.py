@@ -176,7 +176,7 @@ def test_bridge_api(services: Services) -> None:
     assert health["data"]["healthy"] is True and "queue_depth" in health["data"]
     assert health["_topic"] == f"{BASE}/bridge/response/health_check"
     voices = api(conn, "voices")
-    assert set(voices["data"]) == {"joe", "heart"}
+    assert set(voices["data"]) == {"joe", "heart", "xiaobei"}
     since = conn.mark()
     conn.deliver(f"{BASE}/say/api", json.dumps({"text": "Fill the cache.", "id": "fill"}))
     answer_for(conn, "fill", since)
@@ -238,7 +238,7 @@ def test_bridge_api_answers_on_the_response_topic_too(services: Services) -> Non
     )
     reply = conn.wait_for(lambda m: m.topic == "me/reply", since=since)
     assert reply.content_type == "application/json" and reply.correlation_data == b"c1"
-    assert set(body(reply)["data"]) == {"joe", "heart"}
+    assert set(body(reply)["data"]) == {"joe", "heart", "xiaobei"}
     assert conn.on(f"{BASE}/bridge/response/voices", since), "the shared answer is sent too"
 
 

@@ -1,28 +1,25 @@
-"""A mixed English/Chinese announcement over MQTT: the English voice speaks the English sentence
-(a Chinese name in it in pinyin), a Chinese sentence goes to the voice that speaks Chinese (the
-tiny random ChatTTS checkpoint exported to ONNX: its sound is noise, its routing and WAV are
-real)."""
+"""A mixed English/Chinese announcement over MQTT on a default install: the English voice speaks
+the English sentence (a Chinese name in it in pinyin), a Chinese sentence goes to the Chinese
+voice every install has (xiaobei, Kokoro on the real INT8 model)."""
 
 from __future__ import annotations
 
 import io
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
 import soundfile
-import yaml
 
-from tests.support.chattts_tiny import NEEDS_CHATTTS_ONNX
 from tests.support.harness import BridgeFactory, MqttProbe, ProbeFactory
 
 BASE = "tts_bridge"
 RESPONSE = f"{BASE}/bridge/response/say"
 WAIT_S = 180.0
 JOE_RATE = 22050
+KOKORO_RATE = 24000
 
-pytestmark = [pytest.mark.slow, NEEDS_CHATTTS_ONNX]
+pytestmark = [pytest.mark.slow]
 
 
 def _ask(probe: MqttProbe, payload: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
@@ -43,19 +40,10 @@ def _ask(probe: MqttProbe, payload: dict[str, Any]) -> tuple[dict[str, Any], byt
 
 
 def test_mixed_announcement_is_spoken(
-    tmp_path: Path,
-    tiny_export_fp32: Path,
     bridge_factory: BridgeFactory,
     probe_factory: ProbeFactory,
 ) -> None:
-    # Any voice that speaks Chinese, added to the default ones as `voices new` adds it: ChatTTS
-    # on onnxruntime loads and speaks in a fraction of the torch engine's time (both engines'
-    # own tests are in tests/engines/chattts).
-    chinese = {"engine": "chattts-onnx", "model": str(tiny_export_fp32), "precision": "fp32"}
-    voices_file = tmp_path / "voices.yaml"
-    voices_file.write_text(yaml.safe_dump({"voices": {"xiaoyu": chinese}}), encoding="utf-8")
     bridge = bridge_factory(
-        voices_file=str(voices_file),
         synthesis={"onnx_threads": 1},
         default_voice="joe",
         scheduler={"idle_enabled": False, "latency_budget_ms": 60000},
@@ -79,8 +67,22 @@ def test_mixed_announcement_is_spoken(
     )
     assert mixed["status"] == "ok", mixed
     assert mixed["data"]["voice"] == "joe", mixed
-    assert mixed["data"]["sentence_voices"] == ["joe", "xiaoyu"], mixed
+    assert mixed["data"]["sentence_voices"] == ["joe", "xiaobei"], mixed
     assert mixed["data"]["sentences"] == 2, mixed
     audio, rate = soundfile.read(io.BytesIO(wav))
     assert rate == JOE_RATE, "one WAV at the requesting voice's rate"
     assert len(audio) / rate > 1.0
+
+    # A Chinese announcement to a bridge whose default voice is English: xiaobei speaks it.
+    chinese, wav = _ask(probe, {"text": "明天早上7:30提醒我开会。", "id": "zh"})
+    assert chinese["status"] == "ok", chinese
+    assert chinese["data"]["sentence_voices"] == ["xiaobei"], chinese
+    audio, rate = soundfile.read(io.BytesIO(wav))
+    assert len(audio) / rate > 1.0
+
+    # Asked for by name, at its own rate.
+    named_zh, wav = _ask(probe, {"text": "不是一个人。", "voice": "xiaobei", "id": "xb"})
+    assert named_zh["status"] == "ok", named_zh
+    assert (named_zh["data"]["voice"], named_zh["data"]["engine"]) == ("xiaobei", "kokoro")
+    audio, rate = soundfile.read(io.BytesIO(wav))
+    assert rate == KOKORO_RATE and len(audio) / rate > 0.5

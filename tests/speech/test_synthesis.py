@@ -70,11 +70,26 @@ def test_refusals(synth: Synthesizer) -> None:
     with pytest.raises(UnknownVoiceError):
         synth.render("Hello.", "nobody")
     with pytest.raises(RequestError) as caught:
-        synth.render("客厅温度很高。", "joe")
-    assert caught.value.code == "unsupported_language"
-    with pytest.raises(RequestError) as caught:
         synth.render("Hello.", "joe", lang="zh")
     assert caught.value.code == "unsupported_language"
+
+
+def test_chinese_without_a_chinese_voice_is_refused(tmp_path: Path) -> None:
+    settings = load_settings(
+        None,
+        {"cache": {"dir": str(tmp_path)}, "voices": {"joe": {"engine": "piper"}}},
+        environ={},
+    )
+    english_only = Synthesizer(settings, EnginePool(settings), SentenceCache(settings.cache))
+    with pytest.raises(RequestError) as caught:
+        english_only.validate("客厅温度很高。", "joe", None)
+    assert caught.value.code == "unsupported_language"
+    english_only.cache.close()
+
+
+def test_chinese_goes_to_the_default_chinese_voice(synth: Synthesizer) -> None:
+    plan = synth.validate("客厅温度很高。", "joe", None)
+    assert [v.name if v else None for v in plan.others] == ["xiaobei"]
 
 
 def test_other_voices_do_not_read_chattts_tags_out(synth: Synthesizer) -> None:

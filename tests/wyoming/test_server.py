@@ -55,6 +55,7 @@ MAX_TEXT_CHARS = 300
 TIMEOUT_S = 60.0
 JOE_RATE = 22050
 HEART_RATE = 24000
+KOKORO_RATE = 24000
 
 
 # -- fixtures --------------------------------------------------------------------------------
@@ -241,14 +242,16 @@ def test_describe_lists_every_voice(running: Running) -> None:
     assert program.installed and program.supports_synthesize_streaming
     assert program.version
     voices = {v.name: v for v in program.voices}
-    assert set(voices) == {"joe", "heart"}
-    for voice in voices.values():
+    assert set(voices) == {"joe", "heart", "xiaobei"}
+    for name, voice in voices.items():
         assert voice.installed
-        assert voice.languages == ["en"]
+        # Home Assistant offers a voice for the languages it lists.
+        assert voice.languages == (["zh"] if name == "xiaobei" else ["en"])
         assert voice.speakers is None
         assert voice.description
         assert voice.attribution.name and voice.attribution.url
     assert "Piper" in voices["joe"].attribution.name
+    assert "Kokoro" in voices["xiaobei"].attribution.name
 
 
 # -- synthesize ------------------------------------------------------------------------------
@@ -274,6 +277,9 @@ def test_synthesize_with_a_voice_and_by_language(running: Running) -> None:
     assert heart.rate == HEART_RATE and heart.pcm.size > HEART_RATE // 2
     by_language = exchange(running.port, say("Dinner is ready.", language="en-US"))
     assert by_language.rate == JOE_RATE  # the default voice speaks English
+    # Chinese, as Home Assistant asks for it: the voice that speaks it.
+    chinese = exchange(running.port, say("晚饭准备好了。", language="zh-CN"))
+    assert chinese.rate == KOKORO_RATE and chinese.pcm.size > KOKORO_RATE // 2
 
 
 def test_two_requests_on_one_connection(running: Running) -> None:

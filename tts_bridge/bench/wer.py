@@ -219,9 +219,11 @@ def _transcribe(model: Any, pcm: audio.Int16Audio, rate: int) -> str:
     return " ".join(segment.text.strip() for segment in segments)
 
 
-def run_wer_bench(settings: Settings, out: Path) -> dict[str, Any]:
-    """Synthesize every announcement with each voice, plain and through the bridge, transcribe
-    and score; print a table and write the transcripts and figures to ``out``."""
+def run_wer_bench(
+    settings: Settings, out: Path, voices: tuple[str, ...] = VOICES
+) -> dict[str, Any]:
+    """Synthesize every announcement with each of ``voices``, plain and through the bridge,
+    transcribe and score; print a table and write the transcripts and figures to ``out``."""
     model = _transcriber()
     with tempfile.TemporaryDirectory(prefix="tts-bridge-wer-") as tmp:
         cache_settings = settings.cache.model_copy(update={"dir": Path(tmp)})
@@ -229,7 +231,7 @@ def run_wer_bench(settings: Settings, out: Path) -> dict[str, Any]:
         rows: list[dict[str, Any]] = []
         totals: dict[tuple[str, str], list[int]] = {}
         started = time.perf_counter()
-        for voice in VOICES:
+        for voice in voices:
             for mode, make in (("plain", _plain), ("bridge", _bridge)):
                 errors = words = 0
                 for item in ANNOUNCEMENTS:
@@ -257,7 +259,7 @@ def run_wer_bench(settings: Settings, out: Path) -> dict[str, Any]:
             mode: round(100.0 * totals[(voice, mode)][0] / totals[(voice, mode)][1], 2)
             for mode in ("plain", "bridge")
         }
-        for voice in VOICES
+        for voice in voices
     }
     result = {
         "announcements": len(ANNOUNCEMENTS),
@@ -270,7 +272,7 @@ def run_wer_bench(settings: Settings, out: Path) -> dict[str, Any]:
     out.write_text(json.dumps(result, indent=2, ensure_ascii=False), encoding="utf-8")
     print(f"Word error rate on {len(ANNOUNCEMENTS)} home announcements (Whisper tiny.en):")
     print(f"{'voice':<8}{'plain':>10}{'bridge':>10}")
-    for voice in VOICES:
+    for voice in voices:
         print(f"{voice:<8}{summary[voice]['plain']:>9.2f}%{summary[voice]['bridge']:>9.2f}%")
     print(f"transcripts: {out}")
     return result

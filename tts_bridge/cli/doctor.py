@@ -42,6 +42,8 @@ if TYPE_CHECKING:
 _LOGGER = logging.getLogger(__name__)
 
 TIMING_SENTENCE = "The front door is open."
+TIMING_SENTENCES = {"zh": "前门开着。"}
+"""The sentence a voice that does not speak English is timed with, by its language."""
 _MIB = 1024 * 1024
 # Below this, diskcache's SQLite file and new entries cannot be written reliably.
 _MIN_FREE_DISK_MB = 64
@@ -477,7 +479,9 @@ def run_doctor(
         voice_result, voice = check_voice(settings, name, plan.onnx_intra_op_threads)
         report(voice_result)
         if voice is not None:
-            report(check_timing(voice))
+            languages = voice.engine.languages
+            chinese = "en" not in languages and "zh" in languages
+            report(check_timing(voice, TIMING_SENTENCES["zh"] if chinese else TIMING_SENTENCE))
 
     failed = sum(r.status is Status.FAIL for r in results)
     warned = sum(r.status is Status.WARN for r in results)

@@ -38,6 +38,7 @@ class _UsageError(Exception):
 DEFAULT_BENCH_OUT = Path("bench/results/bench.json")
 DEFAULT_CHATTTS_BENCH_OUT = Path("bench/results/chattts")
 DEFAULT_WER_OUT = Path("bench/results/wer.json")
+DEFAULT_CER_OUT = Path("bench/results/cer.json")
 DEFAULT_ENCODING_OUT = Path("bench/results/encoding.json")
 
 
@@ -323,10 +324,23 @@ def cmd_doctor(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
+    if args.cer:
+        from tts_bridge.bench.cer import run_cer_bench
+
+        out = args.out if args.out != DEFAULT_BENCH_OUT else DEFAULT_CER_OUT
+        if args.voice:
+            run_cer_bench(settings, out, args.voice[0])
+        else:
+            run_cer_bench(settings, out)
+        return 0
     if args.wer:
         from tts_bridge.bench.wer import run_wer_bench
 
-        run_wer_bench(settings, args.out if args.out != DEFAULT_BENCH_OUT else DEFAULT_WER_OUT)
+        out = args.out if args.out != DEFAULT_BENCH_OUT else DEFAULT_WER_OUT
+        if args.voice:
+            run_wer_bench(settings, out, tuple(args.voice))
+        else:
+            run_wer_bench(settings, out)
         return 0
     if args.chattts:
         from tts_bridge.bench.chattts import run_chattts_bench
@@ -458,6 +472,18 @@ def _add_bench_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         action="store_true",
         help="word error rate of joe and heart on home announcements, plain vs bridge "
         "(needs the bench extra)",
+    )
+    bench.add_argument(
+        "--voice",
+        action="append",
+        help="--wer: a voice to score (repeat for more; default joe and heart); "
+        "--cer: the Chinese voice (default xiaobei)",
+    )
+    bench.add_argument(
+        "--cer",
+        action="store_true",
+        help="character error rate, real-time factor and memory of the Chinese voice xiaobei "
+        "on household announcements (needs the bench extra)",
     )
     bench.add_argument(
         "--encoding",

@@ -264,6 +264,8 @@ def _models_download(args: argparse.Namespace, settings: Settings) -> int:
             return 2
         chattts.download_chattts(settings, revision=args.revision or chattts.REVISION, yes=args.yes)
         return 0
+    if args.kind == "kokoro":
+        return _kokoro_download(args, settings)
     if not args.name:
         print(
             "tts-bridge: which voice? e.g. 'models download piper zh_CN-huayan-medium' "
@@ -278,23 +280,37 @@ def _models_download(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def _kokoro_download(args: argparse.Namespace, settings: Settings) -> int:
+    from tts_bridge.hub import kokoro
+
+    if not args.name:
+        print("tts-bridge: which voice? e.g. 'models download kokoro af_sky'", file=sys.stderr)
+        return 2
+    kokoro.download_kokoro_voice(settings, args.name, yes=args.yes, add_voice=args.add_voice)
+    return 0
+
+
 def _add_hub_parsers(models_sub: Any, common: argparse.ArgumentParser) -> None:
     download = add_command(
         models_sub,
         "download",
-        "fetch ChatTTS or a Piper voice from the model hub (HF_ENDPOINT), verified",
+        "fetch ChatTTS, a Piper or a Kokoro voice from the model hub (HF_ENDPOINT), verified",
         "Download model files from the hub at a revision this version checked (HF_ENDPOINT "
         "names a mirror), verify every file against its published digest before it is "
         "trusted, record it in the manifest; chattts then exports to ONNX, quantizes to INT8 "
         "and makes a default voice when the torch extra is installed.",
         [common],
     )
-    download.add_argument("kind", choices=["chattts", "piper"], help="what to download")
-    download.add_argument("name", nargs="?", help="piper: the voice, e.g. zh_CN-huayan-medium")
+    download.add_argument("kind", choices=["chattts", "kokoro", "piper"], help="what to download")
+    download.add_argument(
+        "name", nargs="?", help="piper: the voice, e.g. zh_CN-huayan-medium; kokoro: af_sky"
+    )
     download.add_argument("--revision", help="hub revision (default: the one this version checked)")
     download.add_argument("--yes", action="store_true", help="do not ask before downloading")
     download.add_argument(
-        "--add-voice", metavar="VOICE", help="piper: also add it to the voices file as VOICE"
+        "--add-voice",
+        metavar="VOICE",
+        help="piper, kokoro: also add it to the voices file as VOICE",
     )
     search = add_command(
         models_sub,

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 BUILTIN_MODULES = (
     "tts_bridge.engines.piper",
     "tts_bridge.engines.hibari",
+    "tts_bridge.engines.kokoro",
     "tts_bridge.engines.chattts",
 )
 """The modules whose import registers the engines that come with the bridge."""
@@ -58,6 +59,8 @@ class EngineContext:
     """Runs a function on the pool's loader thread (normal priority) and returns its result."""
     early_start: bool = False
     """Streaming engines that can: start with approximate audio (synthesis.chattts_early_start)."""
+    models_dir: Path | None = None
+    """models.dir, for engines that read files of their own there (Kokoro's downloaded voices)."""
 
 
 def check_model_file(

@@ -248,6 +248,7 @@ class EnginePool:
                 self.session,
                 self.on_loader,
                 early_start=self.settings.synthesis.chattts_early_start,
+                models_dir=self._models_dir,
             )
             engine = spec.build(context)
             self._engines[key] = engine

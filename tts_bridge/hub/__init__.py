@@ -10,5 +10,7 @@ refused at start with the command that fetches them, see ``layout.fetch_hint``).
 * ``chattts`` -- the ChatTTS checkpoint, verified against ChatTTS's ``sha256_map.json``, then
   exported to ONNX, quantized and given a default voice.
 * ``piper`` -- Piper voices from ``rhasspy/piper-voices``, verified against its ``voices.json``.
+* ``kokoro`` -- Kokoro v1.0 voices beyond the shipped ones, verified against the digests the
+  project ships.
 * ``layout`` -- where downloaded models live in ``models.dir`` (cheap: no hub client imported).
 """

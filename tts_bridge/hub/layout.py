@@ -11,6 +11,8 @@ CHATTTS_ONNX_DIR = "chattts-onnx"
 """Its ONNX export (FP32 and INT8 graphs), also its model name in the manifest."""
 PIPER_DIR = "piper"
 """Piper voices, one folder per voice: ``piper/<key>/<key>.onnx`` and ``.onnx.json``."""
+KOKORO_VOICES_DIR = "kokoro/voices"
+"""Kokoro voices fetched by ``models download kokoro NAME``: ``kokoro/voices/<NAME>.bin``."""
 STAGING_DIR = ".downloads"
 """Downloads land here until every file is verified; never loaded from."""
 

@@ -38,6 +38,7 @@ PROJECT_URL = ""
 _ENGINE_ATTRIBUTION: dict[str, tuple[str, str]] = {
     "piper": ("Piper (Open Home Foundation)", "https://github.com/OHF-Voice/piper1-gpl"),
     "hibari": ("hibari (Maureese Williams)", "https://github.com/MMWilliams/hibari"),
+    "kokoro": ("Kokoro-82M (hexgrad)", "https://huggingface.co/hexgrad/Kokoro-82M"),
     "chattts": ("ChatTTS (2noise)", "https://github.com/2noise/ChatTTS"),
     "chattts-onnx": ("ChatTTS (2noise)", "https://github.com/2noise/ChatTTS"),
 }
