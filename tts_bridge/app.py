@@ -33,8 +33,10 @@ from tts_bridge.speech.routing import TierRouter
 from tts_bridge.speech.scheduler import Scheduler
 from tts_bridge.speech.synthesis import Synthesizer
 from tts_bridge.web import status_page
+from tts_bridge.web.api_keys import ApiKeys, ApiKeysError
 from tts_bridge.web.delivery import AudioDelivery
 from tts_bridge.web.server import AudioServer
+from tts_bridge.web.speech_api import SpeechApi
 from tts_bridge.wyoming.server import WyomingServer
 
 _LOGGER = logging.getLogger(__name__)
@@ -243,6 +245,13 @@ def build(
                 settings.wyoming.enabled, wyoming.serving, settings.wyoming.port
             ),
         )
+    if audio_server is not None and settings.http.api_enabled:
+        try:
+            keys = ApiKeys.from_settings(settings.http)
+        except ApiKeysError as exc:
+            _LOGGER.error("The HTTP speech API is off: %s", exc)
+        else:
+            audio_server.routes.append(SpeechApi(settings, pipeline, keys))
     api = BridgeApi(settings, outbox, pipeline, reports, preferences)
     # The MQTT front ends, in dispatch order (each owns distinct topics); a new one goes here.
     front_ends = [say, api, reports, hermes]

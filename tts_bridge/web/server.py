@@ -22,6 +22,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -72,6 +73,12 @@ def lan_address() -> str:
     return address
 
 
+class Routes(Protocol):
+    """More routes on this server (the speech API, metrics), added before it listens."""
+
+    def register(self, app: web.Application) -> None: ...
+
+
 class AudioServer:
     """start() binds (raising if the port is taken), stop() closes; publish() from any thread."""
 
@@ -93,6 +100,8 @@ class AudioServer:
         self._runner: web.AppRunner | None = None
         self._stopped: asyncio.Event | None = None
         self._port: int | None = None
+        self.routes: list[Routes] = []
+        """Route sets registered when the server starts (see `Routes`)."""
 
     @classmethod
     def from_settings(cls, settings: Settings) -> AudioServer:
@@ -152,6 +161,8 @@ class AudioServer:
         app = web.Application(middlewares=[self._errors_middleware])
         app.router.add_get(_ROUTE_PREFIX + "{name}", self._handle_audio)  # HEAD too
         app.router.add_get("/", self._handle_status)
+        for routes in self.routes:
+            routes.register(app)
         # No access log: URLs are secrets, and a speaker's range requests would flood it.
         runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await runner.setup()
