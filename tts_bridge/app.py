@@ -13,6 +13,8 @@ import time
 from collections.abc import Sequence
 from typing import Protocol
 
+import psutil
+
 from tts_bridge.config import Settings
 from tts_bridge.faults import is_storage_fault
 from tts_bridge.hardware import ThreadPlan
@@ -27,6 +29,7 @@ from tts_bridge.mqtt.protocol import Topics
 from tts_bridge.mqtt.reports import Reports
 from tts_bridge.mqtt.say import SayFrontEnd
 from tts_bridge.speech.idle import IdleWork
+from tts_bridge.speech.metrics import Metrics, State
 from tts_bridge.speech.pipeline import Counters, Pipeline
 from tts_bridge.speech.preferences import Preferences, restore_default_voice
 from tts_bridge.speech.routing import TierRouter
@@ -35,6 +38,7 @@ from tts_bridge.speech.synthesis import Synthesizer
 from tts_bridge.web import status_page
 from tts_bridge.web.api_keys import ApiKeys, ApiKeysError
 from tts_bridge.web.delivery import AudioDelivery
+from tts_bridge.web.metrics_route import MetricsRoute
 from tts_bridge.web.server import AudioServer
 from tts_bridge.web.speech_api import SpeechApi
 from tts_bridge.wyoming.server import WyomingServer
@@ -196,6 +200,32 @@ def build_audio_server(settings: Settings) -> AudioServer | None:
         return None
 
 
+def build_metrics(pipeline: Pipeline, outbox: Outbox) -> Metrics:
+    """The service's metrics, counted by the pipeline, the synthesizer and the engine pool."""
+    metrics = Metrics()
+    synth = pipeline.synthesizer
+    pipeline.metrics = metrics
+    synth.metrics = metrics
+    synth.engines.on_load = lambda engine, seconds: metrics.model_loaded(engine.identity, seconds)
+    synth.engines.on_unload = lambda engine: metrics.model_unloaded(engine.identity)
+
+    def state() -> State:
+        engines = synth.engines
+        cache = synth.cache.stats()
+        return State(
+            queue_depth={"live": pipeline.scheduler.depth, "idle": pipeline.idle.pending()},
+            resident_bytes=psutil.Process().memory_info().rss,
+            broker_connected=outbox.connected,
+            loaded_models=tuple(engines.loaded()),
+            model_resident_bytes={k: v * 2**20 for k, v in engines.resident_mb().items()},
+            cache_entries=int(cache["entries"]),
+            cache_bytes=int(cache["bytes"]),
+        )
+
+    metrics.watch(state)
+    return metrics
+
+
 def status_url(audio_server: AudioServer | None) -> str | None:
     """The status page's URL once the audio server listens (servers start before the bridge
     connects and publishes discovery, so the first discovery has the port a `port: 0` got)."""
@@ -252,6 +282,9 @@ def build(
             _LOGGER.error("The HTTP speech API is off: %s", exc)
         else:
             audio_server.routes.append(SpeechApi(settings, pipeline, keys))
+    metrics = build_metrics(pipeline, outbox)
+    if audio_server is not None and settings.http.metrics:
+        audio_server.routes.append(MetricsRoute(metrics))
     api = BridgeApi(settings, outbox, pipeline, reports, preferences)
     # The MQTT front ends, in dispatch order (each owns distinct topics); a new one goes here.
     front_ends = [say, api, reports, hermes]

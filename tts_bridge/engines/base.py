@@ -119,6 +119,33 @@ def check_interrupt() -> None:
         raise SynthesisInterruptedError("background synthesis gave way to live work")
 
 
+_STAGES = threading.local()
+
+
+@contextlib.contextmanager
+def timing_stages() -> Iterator[dict[str, float]]:
+    """Collect the seconds engines spend in their stages (``record_stage``) on this thread.
+
+    The synthesizer wraps each sentence in this and reports the stages in its metrics (ChatTTS
+    ONNX: prefill, codes, decoder, vocoder). Per thread, like ``interruptible``: each worker
+    thread times its own sentence.
+    """
+    previous = getattr(_STAGES, "times", None)
+    times: dict[str, float] = {}
+    _STAGES.times = times
+    try:
+        yield times
+    finally:
+        _STAGES.times = previous
+
+
+def record_stage(stage: str, seconds: float) -> None:
+    """Add ``seconds`` to ``stage`` of the sentence timed on this thread (if one is)."""
+    times: dict[str, float] | None = getattr(_STAGES, "times", None)
+    if times is not None:
+        times[stage] = times.get(stage, 0.0) + seconds
+
+
 @runtime_checkable
 class Engine(Protocol):
     """What the bridge needs from a speech backend."""

@@ -177,6 +177,10 @@ class EnginePool:
         self._loader.submit(lambda: None).result()
         self.on_change: Callable[[], None] | None = None
         """Called after the voices changed while running (a backend fell back to torch)."""
+        self.on_load: Callable[[Engine, float], None] | None = None
+        """Called after a model loaded, with its load time in seconds (metrics)."""
+        self.on_unload: Callable[[Engine], None] | None = None
+        """Called after a model was unloaded (metrics)."""
         for name, voice in settings.voices.items():
             model = voice.model
             if model is not None and not model.is_absolute():
@@ -399,6 +403,8 @@ class EnginePool:
             if grown > 1:
                 self._resident_mb[engine.identity] = grown
             self.load_seconds[engine.identity] = time.perf_counter() - started
+            if self.on_load is not None:
+                self.on_load(engine, self.load_seconds[engine.identity])
             _LOGGER.info(
                 "Loaded %s in %.2f s (+%.0f MB resident)",
                 engine.identity,
@@ -447,6 +453,8 @@ class EnginePool:
     def _unload(self, engine: Engine) -> None:
         engine.unload()
         gc.collect()
+        if self.on_unload is not None:
+            self.on_unload(engine)
 
     def unload_idle(self, idle_s: float, now: float | None = None) -> list[str]:
         """Unload engines unused for `idle_s` seconds; returns their identities."""

@@ -284,7 +284,7 @@ class SpeechApi:
                 _LOGGER.warning(
                     "HTTP speech request from %s refused (%s): %s", request.remote, exc.code, exc
                 )
-                self._pipeline.count_error()
+                self._pipeline.count_error(exc.code, door=DOOR)
                 return error_response(exc)
 
         return guarded
@@ -422,7 +422,7 @@ class SpeechApi:
         finally:
             delivery.abandon()  # a worker still rendering stops at its next part
         latency_ms = round((self._clock() - received) * 1000, 1)
-        self._pipeline.count_answer(job.route.tier, latency_ms)
+        self._pipeline.count_answer(job.route.tier, latency_ms, door=DOOR)
         return response
 
     def _headers(self, job: SpeechJob, sample_rate: int) -> dict[str, str]:
@@ -489,6 +489,7 @@ class SpeechApi:
             await response.write(encoder.finish())
         except SpeechError as exc:
             _LOGGER.error("HTTP speech request %s failed while streaming: %s", job.id, exc)
+            self._pipeline.count_error(exc.code, door=DOOR)
             raise ConnectionResetError("the answer failed while streaming") from exc
         await response.write_eof()
         return response

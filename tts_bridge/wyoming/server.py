@@ -225,7 +225,7 @@ class _Session(AsyncEventHandler):
                 await stream.speaker
         if self._busy and not self._closing:
             _LOGGER.warning("Wyoming client %s left before its answer was complete", self._peer)
-            self._server.pipeline.count_error()
+            self._server.pipeline.count_error("client_gone", door="wyoming")
         self._busy = False
         self._closing = True
         self.writer.close()
@@ -246,7 +246,7 @@ class _Session(AsyncEventHandler):
         self._closing = True
         self._busy = False
         _LOGGER.warning("Wyoming request from %s refused (%s): %s", self._peer, exc.code, exc)
-        self._server.pipeline.count_error()
+        self._server.pipeline.count_error(exc.code, door="wyoming")
         with contextlib.suppress(_ClientGoneError):
             await self.write_event(error_event(exc.code, str(exc)))
         # Half-close: the client reads the error, then the end of the stream. The session's
@@ -363,7 +363,7 @@ class _Session(AsyncEventHandler):
     def _answered(self, answer: _Answer) -> None:
         self._busy = False
         latency_ms = round((time.monotonic() - answer.received) * 1000, 1)
-        self._server.pipeline.count_answer(answer.tier or "quality", latency_ms)
+        self._server.pipeline.count_answer(answer.tier or "quality", latency_ms, door="wyoming")
         _LOGGER.info(
             "Wyoming request from %s done: %s tier, %s, %d job(s)",
             self._peer,
