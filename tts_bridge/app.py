@@ -35,6 +35,7 @@ from tts_bridge.speech.preferences import Preferences, restore_default_voice
 from tts_bridge.speech.routing import TierRouter
 from tts_bridge.speech.scheduler import Scheduler
 from tts_bridge.speech.synthesis import Synthesizer
+from tts_bridge.speech.voice_admin import VoiceAdmin, VoiceAdminError
 from tts_bridge.web import status_page
 from tts_bridge.web.api_keys import ApiKeys, ApiKeysError
 from tts_bridge.web.delivery import AudioDelivery
@@ -139,6 +140,7 @@ class Service:
         api: BridgeApi,
         reports: Reports,
         servers: Sequence[Server] = (),
+        voice_admin: VoiceAdmin | None = None,
     ) -> None:
         self.settings = settings
         self.pipeline = pipeline
@@ -149,6 +151,7 @@ class Service:
         self.api = api
         self.reports = reports
         self.servers = list(servers)
+        self.voice_admin = voice_admin
         self._stopped = False
 
     @property
@@ -173,6 +176,15 @@ class Service:
                     "%s did not start; serving without it: %s", type(server).__name__, exc
                 )
         self.bridge.start()
+
+    def reload_voices(self) -> None:
+        """Read the voices file again (SIGHUP); a bad file is logged and changes nothing."""
+        if self.voice_admin is None:
+            return
+        try:
+            self.voice_admin.reload()
+        except VoiceAdminError as exc:
+            _LOGGER.error("Voices not reloaded (%s): %s", exc.code, exc)
 
     def stop(self, timeout_s: float = 20.0) -> None:
         """Stop the servers, drain live work (bounded), say offline, close cache and journal."""
@@ -286,6 +298,14 @@ def build(
     if audio_server is not None and settings.http.metrics:
         audio_server.routes.append(MetricsRoute(metrics))
     api = BridgeApi(settings, outbox, pipeline, reports, preferences)
+
+    def voices_changed() -> None:
+        # Wyoming's describe and the HTTP voice list read the pool; these are retained.
+        reports.publish_info()
+        reports.publish_discovery()
+
+    voice_admin = VoiceAdmin(settings, synth.engines, voices_changed)
+    api.requests.update(voice_admin.requests())
     # The MQTT front ends, in dispatch order (each owns distinct topics); a new one goes here.
     front_ends = [say, api, reports, hermes]
     bridge = Bridge(
@@ -312,4 +332,5 @@ def build(
         api=api,
         reports=reports,
         servers=servers,
+        voice_admin=voice_admin,
     )

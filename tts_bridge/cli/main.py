@@ -95,13 +95,18 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
         _LOGGER.info("Thread plan: %s", line)
     service = app.build(settings, plan=plan)
     stop = threading.Event()
+    reload = threading.Event()
 
     def _on_signal(signum: int, frame: FrameType | None) -> None:
         _LOGGER.info("Received %s", signal.Signals(signum).name)
         stop.set()
 
+    def _on_hangup(signum: int, frame: FrameType | None) -> None:
+        reload.set()  # reloaded by the loop below: a signal handler must not build voices
+
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)
+    signal.signal(signal.SIGHUP, _on_hangup)
     _LOGGER.info(
         "tts_bridge %s: base topic %r, voices %s (default %s), cache %s",
         __version__,
@@ -112,7 +117,10 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     )
     service.start()
     while not stop.wait(1.0):
-        pass
+        if reload.is_set():
+            reload.clear()
+            _LOGGER.info("SIGHUP: reading the voices file again")
+            service.reload_voices()
     service.stop()
     return 0
 
