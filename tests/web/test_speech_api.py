@@ -21,9 +21,11 @@ import pytest
 import soundfile
 
 from tests.support.fake import Services
+from tests.support.harness import BridgeFactory
 from tests.support.web import raw_request
 from tts_bridge import app
 from tts_bridge.audio_stream import PCM_RATE
+from tts_bridge.bench.localbroker import free_port
 from tts_bridge.web.api_keys import ApiKeys, read_keys_file
 from tts_bridge.web.server import AudioServer
 
@@ -384,3 +386,46 @@ def _no_proxy(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy"):
         monkeypatch.delenv(name, raising=False)
     yield
+
+
+def test_a_client_that_leaves_mid_stream_does_not_stop_the_bridge(served: app.Service) -> None:
+    import http.client
+
+    port = audio_server(served).port
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    text = " ".join(f"Sentence number {n} of a long announcement." for n in range(8))
+    fields = {"model": "tts-1-hd", "voice": "joe", "input": text, "response_format": "pcm"}
+    body = json.dumps(fields)
+    conn.request("POST", "/v1/audio/speech", body, {"Content-Type": "application/json"})
+    response = conn.getresponse()
+    assert response.status == 200
+    assert response.read(64)
+    conn.close()  # gone mid-answer
+    ok = client_for(served).audio.speech.create(
+        model="tts-1-hd", voice="joe", input="Still here.", response_format="wav"
+    )
+    assert decode(ok.content)[1] == JOE_RATE
+
+
+@pytest.mark.slow
+def test_the_openai_client_against_a_running_bridge(bridge_factory: BridgeFactory) -> None:
+    port = free_port()
+    bridge_factory(http={"host": "127.0.0.1", "port": port, "api_keys": ["kitchen-key"]})
+    client = openai.OpenAI(
+        base_url=f"http://127.0.0.1:{port}/v1", api_key="kitchen-key", max_retries=0
+    )
+    text = "The bridge answers the official client."
+    first = client.audio.speech.with_raw_response.create(
+        model="tts-1-hd", voice="joe", input=text, response_format="mp3"
+    )
+    audio, rate, kind = decode(first.content)
+    assert (kind, rate) == ("MP3", JOE_RATE)
+    assert audio.shape[0] > JOE_RATE // 2
+    again = client.audio.speech.with_raw_response.create(
+        model="tts-1-hd", voice="joe", input=text, response_format="mp3"
+    )
+    assert (first.headers["X-TTS-Cached"], again.headers["X-TTS-Cached"]) == ("false", "true")
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(
+            base_url=f"http://127.0.0.1:{port}/v1", api_key="wrong", max_retries=0
+        ).audio.speech.create(model="tts-1", voice="joe", input="No.", response_format="wav")

@@ -416,9 +416,15 @@ class SpeechApi:
             raise SpeechError("busy", self._pipeline.busy_message())
         try:
             if speech.stream and speech.container in STREAM_FORMATS:
-                response = await self._stream(request, job, delivery, speech)
+                response, complete = await self._stream(request, job, delivery, speech)
+                if not complete:
+                    return response  # counted as the error it was
             else:
                 response = await self._whole(job, delivery, speech)
+        except (ConnectionError, asyncio.CancelledError):
+            _LOGGER.info("HTTP speech request %s: the client left before the end", job.id)
+            self._pipeline.count_error("client_gone", door=DOOR)
+            raise
         finally:
             delivery.abandon()  # a worker still rendering stops at its next part
         latency_ms = round((self._clock() - received) * 1000, 1)
@@ -468,10 +474,10 @@ class SpeechApi:
         job: SpeechJob,
         delivery: AsyncDelivery,
         speech: SpeechRequest,
-    ) -> web.StreamResponse:
-        """The audio as it is made. The first part is awaited before anything is sent, so a
-        request refused by the engine still gets an error status; a failure after that can
-        only end the connection early (logged)."""
+    ) -> tuple[web.StreamResponse, bool]:
+        """The audio as it is made, and whether all of it went. The first part is awaited
+        before anything is sent, so a request refused by the engine still gets an error
+        status; a failure after that can only end the connection early (logged)."""
         first = await delivery.next_event()
         encoder = stream_encoder(cast(StreamFormat, speech.container), job.sample_rate)
         response = web.StreamResponse(headers=self._headers(job, encoder.sample_rate))
@@ -488,8 +494,12 @@ class SpeechApi:
                 event = await delivery.next_event()
             await response.write(encoder.finish())
         except SpeechError as exc:
+            # The status line went out with the first part: ending the connection early is
+            # the only way left to tell the client.
             _LOGGER.error("HTTP speech request %s failed while streaming: %s", job.id, exc)
             self._pipeline.count_error(exc.code, door=DOOR)
-            raise ConnectionResetError("the answer failed while streaming") from exc
+            if request.transport is not None:
+                request.transport.close()  # the body ends without its last chunk: incomplete
+            return response, False
         await response.write_eof()
-        return response
+        return response, True
