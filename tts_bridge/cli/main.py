@@ -40,6 +40,7 @@ DEFAULT_CHATTTS_BENCH_OUT = Path("bench/results/chattts")
 DEFAULT_WER_OUT = Path("bench/results/wer.json")
 DEFAULT_CER_OUT = Path("bench/results/cer.json")
 DEFAULT_ENCODING_OUT = Path("bench/results/encoding.json")
+DEFAULT_HTTP_OUT = Path("bench/results/http_api.json")
 
 
 def _setup_logging(settings: Settings | None, debug: bool) -> None:
@@ -362,6 +363,12 @@ def cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
 
         run_encoding_bench(args.out if args.out != DEFAULT_BENCH_OUT else DEFAULT_ENCODING_OUT)
         return 0
+    if args.http:
+        from tts_bridge.bench.http_api import main_report
+
+        return main_report(
+            settings, args.out if args.out != DEFAULT_BENCH_OUT else DEFAULT_HTTP_OUT
+        )
     if args.sweep:
         from tts_bridge.bench.sweep import run_sweep
 
@@ -497,6 +504,11 @@ def _add_bench_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         "--encoding",
         action="store_true",
         help="only the encoding cost (MP3, Opus, FLAC, WAV) per second of audio",
+    )
+    bench.add_argument(
+        "--http",
+        action="store_true",
+        help="only the HTTP speech API's time to first byte (streamed WAV, MP3), new and cached",
     )
     bench.add_argument("--skip-mqtt", action="store_true", help="only the engine measurements")
     bench.add_argument("--burst", type=int, default=12, help="live requests in the routing burst")
