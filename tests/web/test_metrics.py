@@ -74,6 +74,7 @@ def test_counters_move_after_requests(services: Services) -> None:
     assert moved("tts_bridge_cache_lookups_total", result="hit") >= 2
     for stage in ("total", "synthesis"):
         assert moved("tts_bridge_synthesis_seconds_count", voice="joe", stage=stage) >= 1
+    assert moved("tts_bridge_synthesis_steps_total", voice="joe", stage="synthesis") >= 1
     assert moved("tts_bridge_real_time_factor_count", voice="joe") >= 1
     assert value(after, "tts_bridge_resident_memory_bytes") > 0
     assert value(after, "tts_bridge_broker_connected") == 1
@@ -128,8 +129,10 @@ def test_chattts_onnx_records_its_stages(tiny_export_fp32: Path) -> None:
                 pass
     finally:
         engine.unload()
-    assert {"prefill", "codes", "decoder", "vocoder"} <= set(stages)
-    assert all(seconds > 0 for seconds in stages.values())
+    assert {"prefill", "codes", "decoder", "vocoder"} <= set(stages.seconds)
+    assert all(seconds > 0 for seconds in stages.seconds.values())
+    assert stages.steps["prefill"] == 1
+    assert stages.steps["codes"] >= 1
 
 
 def test_stages_outside_a_timed_sentence_are_dropped() -> None:
@@ -139,4 +142,5 @@ def test_stages_outside_a_timed_sentence_are_dropped() -> None:
     with timing_stages() as stages:
         record_stage("codes", 0.5)
         record_stage("codes", 0.25)
-    assert stages == {"codes": 0.75}
+    assert stages.seconds == {"codes": 0.75}
+    assert stages.steps == {"codes": 2}

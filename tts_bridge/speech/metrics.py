@@ -21,6 +21,8 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
 
+from tts_bridge.engines.base import Stages
+
 _LOGGER = logging.getLogger(__name__)
 
 PREFIX = "tts_bridge"
@@ -125,6 +127,12 @@ class Metrics:
             buckets=_SECONDS_BUCKETS,
             registry=registry,
         )
+        self.synthesis_steps = Counter(
+            f"{PREFIX}_synthesis_steps",
+            "Runs of each stage, by voice (ChatTTS codes: one per code generated)",
+            ["voice", "stage"],
+            registry=registry,
+        )
         self.real_time_factor = Histogram(
             f"{PREFIX}_real_time_factor",
             "Synthesis time over audio time of each synthesized sentence, by voice",
@@ -170,13 +178,13 @@ class Metrics:
     def cache_lookup(self, hit: bool) -> None:
         self.cache_lookups.labels("hit" if hit else "miss").inc()
 
-    def synthesized(
-        self, voice: str, seconds: float, audio_seconds: float, stages: Mapping[str, float]
-    ) -> None:
+    def synthesized(self, voice: str, seconds: float, audio_seconds: float, stages: Stages) -> None:
         """One sentence synthesized: its total time, its engine's stages and its RTF."""
         self.synthesis_seconds.labels(voice, "total").observe(seconds)
-        for stage, stage_seconds in stages.items():
+        for stage, stage_seconds in stages.seconds.items():
             self.synthesis_seconds.labels(voice, stage).observe(stage_seconds)
+        for stage, steps in stages.steps.items():
+            self.synthesis_steps.labels(voice, stage).inc(steps)
         if audio_seconds > 0:
             self.real_time_factor.labels(voice).observe(seconds / audio_seconds)
             self.audio_seconds.labels(voice).inc(audio_seconds)

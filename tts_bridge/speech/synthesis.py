@@ -24,6 +24,7 @@ from tts_bridge.engines.base import (
     Engine,
     EngineError,
     FloatAudio,
+    Stages,
     SynthesisOptions,
     timing_stages,
 )
@@ -375,7 +376,7 @@ class Synthesizer:
         chars: int,
         elapsed: float,
         pcm: audio.Int16Audio,
-        stages: Mapping[str, float],
+        stages: Stages,
     ) -> None:
         """Teach the estimator, add to the RTF statistics and the metrics."""
         self.estimator.observe(voice.engine.name, voice.engine.identity, chars, elapsed)
@@ -383,9 +384,9 @@ class Synthesizer:
         self.stats.add(voice.engine.identity, elapsed, audio_seconds)
         if self.metrics is not None:
             # An engine without stages of its own (Piper, hibari) is one stage: synthesis.
-            self.metrics.synthesized(
-                voice.name, elapsed, audio_seconds, stages or {"synthesis": elapsed}
-            )
+            if not stages.seconds:
+                stages = Stages({"synthesis": elapsed}, {"synthesis": 1})
+            self.metrics.synthesized(voice.name, elapsed, audio_seconds, stages)
 
     def _synthesize(
         self, voice: Voice, spoken: str, options: SynthesisOptions, *, stream: bool
