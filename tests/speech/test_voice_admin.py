@@ -7,7 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import shutil
 import signal
+import subprocess
+import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -18,6 +22,7 @@ import yaml
 from wyoming.client import AsyncTcpClient
 from wyoming.info import Describe, Info
 
+from tests.support.chattts_tiny import NEEDS_CHATTTS, TinyModels
 from tests.support.fake import BASE, FakeConnection, Services, body, hold_worker
 from tests.support.harness import BASE_TOPIC, BridgeFactory, ProbeFactory, bridge_api
 from tests.support.web import raw_request
@@ -257,3 +262,32 @@ def test_sighup_reloads_the_voices_of_a_running_bridge(
     )
     assert "bright" not in info.json()["voices"]
     assert bridge.running
+
+
+@pytest.mark.slow
+@NEEDS_CHATTTS
+def test_a_chattts_speaker_from_a_seed(
+    services: Services, tiny_models: TinyModels, tmp_path: Path
+) -> None:
+    models = tmp_path / "models"
+    shutil.copytree(tiny_models.checkpoint(1), models / "chattts")
+    config = tmp_path / "models.yaml"
+    config.write_text(yaml.safe_dump({"models": {"dir": str(models)}}), encoding="utf-8")
+    added = subprocess.run(
+        [sys.executable, "-m", "tts_bridge", "models", "add", "chattts", str(models / "chattts"),
+         "--config", str(config)],
+        capture_output=True, text=True, timeout=600, check=False,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )  # fmt: skip
+    assert added.returncode == 0, added.stdout + added.stderr
+    service, conn = own_service(services, models={"dir": str(models)})
+    answer = request(conn, "voices/add", {"name": "xiaoyu", "seed": 42, "model": "chattts"})
+    assert answer["status"] == "ok", answer
+    assert "spk_emb" not in answer["data"]["voice"]  # long: named by its SHA-256
+    stored = file_voices(service)["xiaoyu"]
+    assert stored["engine"] == "chattts"
+    assert len(stored["spk_emb_sha256"]) == 64
+    spoken = say(conn, "你好，客厅的灯开着。", "xiaoyu", "c1")
+    assert spoken["status"] == "ok", spoken
+    assert spoken["data"]["voice"] == "xiaoyu"
+    assert "xiaoyu" in wyoming_voices(service)
