@@ -293,7 +293,7 @@ def build(
         except ApiKeysError as exc:
             _LOGGER.error("The HTTP speech API is off: %s", exc)
         else:
-            audio_server.routes.append(SpeechApi(settings, pipeline, keys))
+            audio_server.routes.append(SpeechApi(settings, pipeline, keys, store=audio_server))
     metrics = build_metrics(pipeline, outbox)
     if audio_server is not None and settings.http.metrics:
         audio_server.routes.append(MetricsRoute(metrics))

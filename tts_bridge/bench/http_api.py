@@ -58,7 +58,7 @@ def http_api_server(settings: Settings) -> Iterator[int]:
     pipeline = build_pipeline(settings, synth)
     pipeline.start()
     server = AudioServer.from_settings(settings)
-    server.routes.append(SpeechApi(settings, pipeline, ApiKeys([])))
+    server.routes.append(SpeechApi(settings, pipeline, ApiKeys([]), store=server))
     server.start()
     try:
         yield server.port

@@ -36,9 +36,10 @@ from tts_bridge.engines.base import Tier
 from tts_bridge.formats import AudioFormat, Container
 from tts_bridge.speech.async_delivery import AsyncDelivery, Finished
 from tts_bridge.speech.pipeline import Pipeline, SpeechError, SpeechJob
-from tts_bridge.speech.synthesis import AudioPart
+from tts_bridge.speech.synthesis import AudioPart, Rendering
 from tts_bridge.textlog import short
 from tts_bridge.web.api_keys import ApiKeys
+from tts_bridge.web.server import AudioServer
 from tts_bridge.wire import new_id
 
 _LOGGER = logging.getLogger(__name__)
@@ -247,9 +248,13 @@ class SpeechApi:
         pipeline: Pipeline,
         keys: ApiKeys,
         *,
+        store: AudioServer | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """`store`: the server whose audio store keeps encoded answers, so a repeat is not
+        encoded again."""
         self._settings = settings
+        self._store = store
         self._pipeline = pipeline
         self._keys = keys
         self._clock = clock
@@ -439,6 +444,20 @@ class SpeechApi:
             "X-TTS-Sample-Rate": str(sample_rate),
         }
 
+    def _encoded(self, rendering: Rendering, fmt: AudioFormat) -> bytes:
+        """The answer in `fmt`: from the audio store when the same samples were encoded before
+        (an answer from the cache is the same samples), else encoded now and kept there."""
+        store = self._store
+        if store is not None:
+            try:
+                published = store.publish(rendering.pcm, rendering.sample_rate, fmt)
+                data = published.data or store.read(published)
+                if data is not None:
+                    return data
+            except OSError as exc:  # the store's folder: full, or not writable
+                _LOGGER.warning("Encoding without the audio store: %s", exc)
+        return encode(rendering.pcm, rendering.sample_rate, fmt).data
+
     async def _whole(
         self, job: SpeechJob, delivery: AsyncDelivery, speech: SpeechRequest
     ) -> web.StreamResponse:
@@ -457,13 +476,13 @@ class SpeechApi:
         else:
             fmt = AudioFormat(cast(Container, container))
             try:
-                # Off the loop: encoding is CPU work.
-                encoded = await asyncio.get_running_loop().run_in_executor(
-                    None, encode, rendering.pcm, rendering.sample_rate, fmt
+                # Off the loop: encoding is CPU work, and the store reads and writes files.
+                data = await asyncio.get_running_loop().run_in_executor(
+                    None, self._encoded, rendering, fmt
                 )
             except EncodeError as exc:
                 raise SpeechError("encoding_failed", str(exc)) from exc
-            data, content_type, rate = encoded.data, fmt.content_type, encoded.sample_rate
+            content_type, rate = fmt.content_type, fmt.output_rate(rendering.sample_rate)
         headers = self._headers(job, rate)
         headers["X-TTS-Cached"] = "true" if rendering.cached else "false"
         return web.Response(body=data, content_type=content_type, headers=headers)
