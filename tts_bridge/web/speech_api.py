@@ -277,6 +277,7 @@ class SpeechApi:
         async def guarded(request: web.Request) -> web.StreamResponse:
             if not self._keys.allows(request.headers.get("Authorization")):
                 _LOGGER.warning("HTTP request from %s without a valid key", request.remote)
+                self._pipeline.count_error("invalid_api_key", door=DOOR)
                 return error_response(
                     ApiRequestError(
                         "invalid_api_key",
@@ -381,7 +382,7 @@ class SpeechApi:
         elif kind == "text/plain":
             body = await self._body(request)
             try:
-                fields = {"text": body.decode("utf-8"), **dict(request.query)}
+                fields = {**dict(request.query), "text": body.decode("utf-8")}
             except UnicodeDecodeError:
                 raise ApiRequestError("invalid_utf8", "the request is not UTF-8") from None
         else:
