@@ -134,6 +134,16 @@ def test_chattts_onnx_records_its_stages(tiny_export_fp32: Path) -> None:
     assert stages.steps["prefill"] == 1
     assert stages.steps["codes"] >= 1
 
+    # Streamed: the decoder and Vocos run piece by piece, and are timed the same way.
+    engine.load()
+    try:
+        with timing_stages() as streamed:
+            for _ in engine.synthesize_stream("hello there", None, SynthesisOptions()):
+                pass
+    finally:
+        engine.unload()
+    assert {"prefill", "codes", "decoder", "vocoder"} <= set(streamed.seconds)
+
 
 def test_stages_outside_a_timed_sentence_are_dropped() -> None:
     from tts_bridge.engines.base import record_stage
