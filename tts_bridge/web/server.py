@@ -5,9 +5,9 @@ It runs aiohttp on its own thread and event loop, so the thread-based service ne
 network and the network never waits for encoding: publish() encodes on the caller's thread, and
 the loop only streams files. GET and HEAD are served with byte ranges (aiohttp's FileResponse:
 206, 416, Accept-Ranges, Content-Length), which Sonos and Cast use. ``/audio/<token>.<extension>``
-and, when the service gives one, the status page at ``/`` exist; any other path, and any token
-the store does not hold, is a 404 (path tricks included: a name is exactly a token and an
-extension, never a path).
+and, when the service gives one, the status page at ``/`` exist, with the routes the service adds
+(`Routes`: the speech API, metrics); any other path, and any token the store does not hold, is a
+404 (path tricks included: a name is exactly a token and an extension, never a path).
 """
 
 from __future__ import annotations
