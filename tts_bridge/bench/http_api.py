@@ -103,10 +103,9 @@ def run_http_bench(settings: Settings, voice: str = "joe") -> dict[str, Any]:
     return {"machine": machine_info(), "voice": voice, "rows": rows}
 
 
-def main_report(settings: Settings, out: Path | None) -> int:
+def main_report(settings: Settings, out: Path | None) -> None:
     report = run_http_bench(settings)
     print(table(report["rows"], ["format", "cache", "n", "median_ms", "min_ms", "max_ms"]))
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(report, indent=2), encoding="utf-8")
-    return 0

@@ -358,17 +358,16 @@ def cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
         out = args.out if args.out != DEFAULT_BENCH_OUT else DEFAULT_CHATTTS_BENCH_OUT
         run_chattts_bench(out, args.tokens, args.batches, rounds=args.rounds)
         return 0
-    if args.encoding:
-        from tts_bridge.bench.engines import run_encoding_bench
-
-        run_encoding_bench(args.out if args.out != DEFAULT_BENCH_OUT else DEFAULT_ENCODING_OUT)
-        return 0
     if args.http:
         from tts_bridge.bench.http_api import main_report
 
-        return main_report(
-            settings, args.out if args.out != DEFAULT_BENCH_OUT else DEFAULT_HTTP_OUT
-        )
+        main_report(settings, args.out if args.out != DEFAULT_BENCH_OUT else DEFAULT_HTTP_OUT)
+    elif args.encoding:
+        from tts_bridge.bench.engines import run_encoding_bench
+
+        run_encoding_bench(args.out if args.out != DEFAULT_BENCH_OUT else DEFAULT_ENCODING_OUT)
+    if args.http or args.encoding:
+        return 0
     if args.sweep:
         from tts_bridge.bench.sweep import run_sweep
 
