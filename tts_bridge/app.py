@@ -13,6 +13,8 @@ import time
 from collections.abc import Sequence
 from typing import Protocol
 
+import psutil
+
 from tts_bridge.config import Settings
 from tts_bridge.faults import is_storage_fault
 from tts_bridge.hardware import ThreadPlan
@@ -27,14 +29,19 @@ from tts_bridge.mqtt.protocol import Topics
 from tts_bridge.mqtt.reports import Reports
 from tts_bridge.mqtt.say import SayFrontEnd
 from tts_bridge.speech.idle import IdleWork
+from tts_bridge.speech.metrics import Metrics, State
 from tts_bridge.speech.pipeline import Counters, Pipeline
 from tts_bridge.speech.preferences import Preferences, restore_default_voice
 from tts_bridge.speech.routing import TierRouter
 from tts_bridge.speech.scheduler import Scheduler
 from tts_bridge.speech.synthesis import Synthesizer
+from tts_bridge.speech.voice_admin import VoiceAdmin, VoiceAdminError
 from tts_bridge.web import status_page
+from tts_bridge.web.api_keys import ApiKeys, ApiKeysError
 from tts_bridge.web.delivery import AudioDelivery
+from tts_bridge.web.metrics_route import MetricsRoute
 from tts_bridge.web.server import AudioServer
+from tts_bridge.web.speech_api import SpeechApi
 from tts_bridge.wyoming.server import WyomingServer
 
 _LOGGER = logging.getLogger(__name__)
@@ -133,6 +140,7 @@ class Service:
         api: BridgeApi,
         reports: Reports,
         servers: Sequence[Server] = (),
+        voice_admin: VoiceAdmin | None = None,
     ) -> None:
         self.settings = settings
         self.pipeline = pipeline
@@ -143,6 +151,7 @@ class Service:
         self.api = api
         self.reports = reports
         self.servers = list(servers)
+        self.voice_admin = voice_admin
         self._stopped = False
 
     @property
@@ -168,6 +177,15 @@ class Service:
                 )
         self.bridge.start()
 
+    def reload_voices(self) -> None:
+        """Read the voices file again (SIGHUP); a bad file is logged and changes nothing."""
+        if self.voice_admin is None:
+            return
+        try:
+            self.voice_admin.reload()
+        except VoiceAdminError as exc:
+            _LOGGER.error("Voices not reloaded (%s): %s", exc.code, exc)
+
     def stop(self, timeout_s: float = 20.0) -> None:
         """Stop the servers, drain live work (bounded), say offline, close cache and journal."""
         if self._stopped:
@@ -192,6 +210,32 @@ def build_audio_server(settings: Settings) -> AudioServer | None:
     except OSError as exc:
         _LOGGER.error("The HTTP audio server is off: %s", exc)
         return None
+
+
+def build_metrics(pipeline: Pipeline, outbox: Outbox) -> Metrics:
+    """The service's metrics, counted by the pipeline, the synthesizer and the engine pool."""
+    metrics = Metrics()
+    synth = pipeline.synthesizer
+    pipeline.metrics = metrics
+    synth.metrics = metrics
+    synth.engines.on_load = lambda engine, seconds: metrics.model_loaded(engine.identity, seconds)
+    synth.engines.on_unload = lambda engine: metrics.model_unloaded(engine.identity)
+
+    def state() -> State:
+        engines = synth.engines
+        cache = synth.cache.stats()
+        return State(
+            queue_depth={"live": pipeline.scheduler.depth, "idle": pipeline.idle.pending()},
+            resident_bytes=psutil.Process().memory_info().rss,
+            broker_connected=outbox.connected,
+            loaded_models=tuple(engines.loaded()),
+            model_resident_bytes={k: v * 2**20 for k, v in engines.resident_mb().items()},
+            cache_entries=int(cache["entries"]),
+            cache_bytes=int(cache["bytes"]),
+        )
+
+    metrics.watch(state)
+    return metrics
 
 
 def status_url(audio_server: AudioServer | None) -> str | None:
@@ -243,7 +287,25 @@ def build(
                 settings.wyoming.enabled, wyoming.serving, settings.wyoming.port
             ),
         )
+    if audio_server is not None and settings.http.api_enabled:
+        try:
+            keys = ApiKeys.from_settings(settings.http)
+        except ApiKeysError as exc:
+            _LOGGER.error("The HTTP speech API is off: %s", exc)
+        else:
+            audio_server.routes.append(SpeechApi(settings, pipeline, keys, store=audio_server))
+    metrics = build_metrics(pipeline, outbox)
+    if audio_server is not None and settings.http.metrics:
+        audio_server.routes.append(MetricsRoute(metrics))
     api = BridgeApi(settings, outbox, pipeline, reports, preferences)
+
+    def voices_changed() -> None:
+        # Wyoming's describe and the HTTP voice list read the pool; these are retained.
+        reports.publish_info()
+        reports.publish_discovery()
+
+    voice_admin = VoiceAdmin(settings, synth.engines, voices_changed)
+    api.requests.update(voice_admin.requests())
     # The MQTT front ends, in dispatch order (each owns distinct topics); a new one goes here.
     front_ends = [say, api, reports, hermes]
     bridge = Bridge(
@@ -270,4 +332,5 @@ def build(
         api=api,
         reports=reports,
         servers=servers,
+        voice_admin=voice_admin,
     )

@@ -112,7 +112,7 @@ def _with_channels(frames: FloatAudio, channels: int) -> FloatAudio:
     return np.asarray(frames.mean(axis=1, keepdims=True, dtype=np.float32), dtype=np.float32)
 
 
-def _compression_level(fmt: AudioFormat, rate: int) -> float | None:
+def compression_level(fmt: AudioFormat, rate: int) -> float | None:
     """libsndfile's 0..1 compression level that gives the format's bitrate: it maps the level
     linearly onto a codec's bitrate range (MP3: the MPEG version's layer III range; Opus: a
     per-channel range)."""
@@ -160,7 +160,7 @@ def encode(audio: npt.NDArray[np.generic], sample_rate: int, fmt: AudioFormat) -
             rate,
             format=major,
             subtype=subtype,
-            compression_level=_compression_level(fmt, rate),
+            compression_level=compression_level(fmt, rate),
             bitrate_mode=bitrate_mode,
         )
     except (soundfile.LibsndfileError, TypeError, ValueError) as exc:

@@ -410,6 +410,17 @@ class HttpSettings(_Section):
     format: AudioFormatField = Field(default_factory=lambda: AudioFormat("mp3", 44100))
     """Format of the audio behind an answer's URL unless the target or request asks otherwise
     (MP3 at 44.1 kHz plays on Sonos, Cast, ESPHome and squeezelite)."""
+    # The speech API and metrics on the same server.
+    api_enabled: bool = True
+    """Serve the OpenAI-compatible speech API (/v1/audio/speech, /v1/models, /v1/audio/voices)
+    and /api/speak on this server."""
+    api_keys: list[str] = Field(default_factory=list, repr=False)
+    """Keys a client must send (Authorization: Bearer KEY) to use the speech API; empty (with no
+    api_keys_file) = open to anyone who reaches the port, like the Wyoming server."""
+    api_keys_file: ExpandedPath | None = None
+    """A file of further keys, one per line ('#' starts a comment); read at start."""
+    metrics: bool = True
+    """Serve Prometheus metrics at /metrics (no request text in them)."""
 
     @field_validator("base_url")
     @classmethod

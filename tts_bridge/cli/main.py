@@ -40,6 +40,7 @@ DEFAULT_CHATTTS_BENCH_OUT = Path("bench/results/chattts")
 DEFAULT_WER_OUT = Path("bench/results/wer.json")
 DEFAULT_CER_OUT = Path("bench/results/cer.json")
 DEFAULT_ENCODING_OUT = Path("bench/results/encoding.json")
+DEFAULT_HTTP_OUT = Path("bench/results/http_api.json")
 
 
 def _setup_logging(settings: Settings | None, debug: bool) -> None:
@@ -95,13 +96,18 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
         _LOGGER.info("Thread plan: %s", line)
     service = app.build(settings, plan=plan)
     stop = threading.Event()
+    reload = threading.Event()
 
     def _on_signal(signum: int, frame: FrameType | None) -> None:
         _LOGGER.info("Received %s", signal.Signals(signum).name)
         stop.set()
 
+    def _on_hangup(signum: int, frame: FrameType | None) -> None:
+        reload.set()  # reloaded by the loop below: a signal handler must not build voices
+
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)
+    signal.signal(signal.SIGHUP, _on_hangup)
     _LOGGER.info(
         "tts_bridge %s: base topic %r, voices %s (default %s), cache %s",
         __version__,
@@ -112,7 +118,10 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     )
     service.start()
     while not stop.wait(1.0):
-        pass
+        if reload.is_set():
+            reload.clear()
+            _LOGGER.info("SIGHUP: reading the voices file again")
+            service.reload_voices()
     service.stop()
     return 0
 
@@ -349,10 +358,15 @@ def cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
         out = args.out if args.out != DEFAULT_BENCH_OUT else DEFAULT_CHATTTS_BENCH_OUT
         run_chattts_bench(out, args.tokens, args.batches, rounds=args.rounds)
         return 0
-    if args.encoding:
+    if args.http:
+        from tts_bridge.bench.http_api import main_report
+
+        main_report(settings, args.out if args.out != DEFAULT_BENCH_OUT else DEFAULT_HTTP_OUT)
+    elif args.encoding:
         from tts_bridge.bench.engines import run_encoding_bench
 
         run_encoding_bench(args.out if args.out != DEFAULT_BENCH_OUT else DEFAULT_ENCODING_OUT)
+    if args.http or args.encoding:
         return 0
     if args.sweep:
         from tts_bridge.bench.sweep import run_sweep
@@ -489,6 +503,11 @@ def _add_bench_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         "--encoding",
         action="store_true",
         help="only the encoding cost (MP3, Opus, FLAC, WAV) per second of audio",
+    )
+    bench.add_argument(
+        "--http",
+        action="store_true",
+        help="only the HTTP speech API's time to first byte (streamed WAV, MP3), new and cached",
     )
     bench.add_argument("--skip-mqtt", action="store_true", help="only the engine measurements")
     bench.add_argument("--burst", type=int, default=12, help="live requests in the routing burst")

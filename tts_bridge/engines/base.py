@@ -13,7 +13,7 @@ import contextlib
 import math
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar, Literal, Protocol, runtime_checkable
 
 import numpy as np
@@ -117,6 +117,44 @@ def check_interrupt() -> None:
     """Raise SynthesisInterruptedError if this thread's synthesis should give way now."""
     if interrupt_requested():
         raise SynthesisInterruptedError("background synthesis gave way to live work")
+
+
+_STAGES = threading.local()
+
+
+@dataclass
+class Stages:
+    """Where one sentence's synthesis time went: seconds and steps per stage."""
+
+    seconds: dict[str, float] = field(default_factory=dict)
+    steps: dict[str, int] = field(default_factory=dict)
+    """How often each stage ran (ChatTTS's ``codes``: the codes generated, one per step)."""
+
+
+@contextlib.contextmanager
+def timing_stages() -> Iterator[Stages]:
+    """Collect the stages engines record (``record_stage``) on this thread.
+
+    The synthesizer wraps each sentence in this and reports the stages in its metrics (ChatTTS
+    ONNX: prefill, codes, decoder, vocoder). Per thread, like ``interruptible``: each worker
+    thread times its own sentence.
+    """
+    previous = getattr(_STAGES, "current", None)
+    stages = Stages()
+    _STAGES.current = stages
+    try:
+        yield stages
+    finally:
+        _STAGES.current = previous
+
+
+def record_stage(stage: str, seconds: float) -> None:
+    """One run of ``stage`` that took ``seconds``, for the sentence timed on this thread (if
+    one is)."""
+    stages: Stages | None = getattr(_STAGES, "current", None)
+    if stages is not None:
+        stages.seconds[stage] = stages.seconds.get(stage, 0.0) + seconds
+        stages.steps[stage] = stages.steps.get(stage, 0) + 1
 
 
 @runtime_checkable

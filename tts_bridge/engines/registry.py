@@ -48,6 +48,10 @@ class UnknownVoiceError(LookupError):
     """The request named a voice that is not configured."""
 
 
+class VoiceSetError(ValueError):
+    """A set of voices that cannot be used together (see EnginePool.prepare_voices)."""
+
+
 class MemoryBudgetError(EngineError):
     """A model does not fit the memory budget even with every other model unloaded."""
 
@@ -83,6 +87,21 @@ class Voice:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "spec", catalog.spec(self.settings.engine))
+
+
+@dataclass(frozen=True)
+class VoiceSet:
+    """Voices built for new settings, not yet in use (see EnginePool.prepare_voices)."""
+
+    settings: Settings
+    voices: Mapping[str, Voice]
+
+
+def _readable(error: Mapping[str, Any]) -> str:
+    """One pydantic error as a sentence: where, then what."""
+    where = ".".join(str(part) for part in error.get("loc", ()))
+    message = str(error.get("msg", "invalid")).removeprefix("Value error, ")
+    return f"{where}: {message}" if where else message
 
 
 @dataclass
@@ -177,16 +196,12 @@ class EnginePool:
         self._loader.submit(lambda: None).result()
         self.on_change: Callable[[], None] | None = None
         """Called after the voices changed while running (a backend fell back to torch)."""
+        self.on_load: Callable[[Engine, float], None] | None = None
+        """Called after a model loaded, with its load time in seconds (metrics)."""
+        self.on_unload: Callable[[Engine], None] | None = None
+        """Called after a model was unloaded (metrics)."""
         for name, voice in settings.voices.items():
-            model = voice.model
-            if model is not None and not model.is_absolute():
-                model = settings.models.dir / model
-            if model is not None and not model.exists():
-                from tts_bridge.hub.layout import fetch_hint
-
-                hint = fetch_hint(model, settings.models.dir)
-                raise EngineError(f"voices.{name}.model: {model} does not exist; {hint}")
-            for built in self._build_voices(name, voice, model):
+            for built in self._build_configured(name, voice):
                 self._voices[built.name] = built
         _LOGGER.debug("Voices: %s", ", ".join(f"{v.name}={v.engine.identity}" for v in self))
         _LOGGER.debug("ONNX sessions: %s", self.session.describe())
@@ -205,6 +220,64 @@ class EnginePool:
         if path not in self._known:
             self._known[path] = manifest_hashes(path, self._models_dir)
         return self._known[path]
+
+    def _build_configured(self, name: str, voice: VoiceSettings) -> list[Voice]:
+        """The voices of one configured voice, its model path resolved and checked."""
+        model = voice.model
+        if model is not None and not model.is_absolute():
+            model = self._settings.models.dir / model
+        if model is not None and not model.exists():
+            from tts_bridge.hub.layout import fetch_hint
+
+            hint = fetch_hint(model, self._settings.models.dir)
+            raise EngineError(f"voices.{name}.model: {model} does not exist; {hint}")
+        return self._build_voices(name, voice, model)
+
+    def prepare_voices(self, voices: Mapping[str, VoiceSettings]) -> VoiceSet:
+        """Build a new set of voices while the running ones keep serving (engines shared with
+        them, nothing loaded), to put in use with `use_voices`. Raises VoiceSetError when the
+        set is not valid as a whole (a fast voice or the default voice missing) and
+        EngineError when a voice cannot be built (its model missing): nothing changes then."""
+        from pydantic import ValidationError
+
+        if self._default_voice not in voices:
+            raise VoiceSetError(
+                f"{self._default_voice!r} is the default voice; choose another default first"
+            )
+        current = self._settings
+        try:
+            settings = type(current).model_validate(
+                {
+                    **current.model_dump(),
+                    "voices": dict(voices),
+                    "default_voice": self._default_voice,
+                }
+            )
+        except ValidationError as exc:
+            raise VoiceSetError("; ".join(_readable(error) for error in exc.errors())) from None
+        built: dict[str, Voice] = {}
+        with self._lock:
+            # A kind's voice factory reads the pool's settings (another voice's name, say).
+            self._settings = settings
+            try:
+                for name, voice in settings.voices.items():
+                    for made in self._build_configured(name, voice):
+                        built[made.name] = made
+            finally:
+                self._settings = current
+        return VoiceSet(settings, built)
+
+    def replace_voices(self, voices: Mapping[str, VoiceSettings]) -> None:
+        """`prepare_voices` then `use_voices`: all of them, or (raising) none."""
+        self.use_voices(self.prepare_voices(voices))
+
+    def use_voices(self, prepared: VoiceSet) -> None:
+        """Put a prepared set of voices in use at once. A request already validated keeps the
+        voice it holds (and so its engine) until it is answered."""
+        with self._lock:
+            self._settings = prepared.settings
+            self._voices = dict(prepared.voices)
+        _LOGGER.info("Voices now: %s", ", ".join(self._voices))
 
     def _build_voices(self, name: str, voice: VoiceSettings, model: Path | None) -> list[Voice]:
         """The voices of one configured voice: its kind's own factory's, else one voice."""
@@ -399,6 +472,8 @@ class EnginePool:
             if grown > 1:
                 self._resident_mb[engine.identity] = grown
             self.load_seconds[engine.identity] = time.perf_counter() - started
+            if self.on_load is not None:
+                self.on_load(engine, self.load_seconds[engine.identity])
             _LOGGER.info(
                 "Loaded %s in %.2f s (+%.0f MB resident)",
                 engine.identity,
@@ -429,7 +504,8 @@ class EnginePool:
             f"{reason}"
         )
         for name, rebuild in fallback.voices.items():
-            self._voices[name] = rebuild(reason)
+            if name in self._voices:  # not one removed since
+                self._voices[name] = rebuild(reason)
         _LOGGER.error(
             "%s failed to load (%s); voice(s) %s fall back to %s",
             engine.identity,
@@ -447,6 +523,8 @@ class EnginePool:
     def _unload(self, engine: Engine) -> None:
         engine.unload()
         gc.collect()
+        if self.on_unload is not None:
+            self.on_unload(engine)
 
     def unload_idle(self, idle_s: float, now: float | None = None) -> list[str]:
         """Unload engines unused for `idle_s` seconds; returns their identities."""

@@ -22,6 +22,7 @@ from tts_bridge.mqtt.reports import Reports
 from tts_bridge.speech.pipeline import Pipeline, SpeechError
 from tts_bridge.speech.preferences import Preferences, PreferencesError
 from tts_bridge.speech.synthesis import RequestError
+from tts_bridge.speech.voice_admin import VoiceAdminError
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -111,7 +112,7 @@ class BridgeApi(MqttFrontEnd):
                     "unknown_request", f"unknown bridge request {name[:64]!r}; known: {known}"
                 )
             body = api_response("ok", handler(args), transaction)
-        except (ApiError, ProtocolError, RequestError, SpeechError) as exc:
+        except (ApiError, ProtocolError, RequestError, SpeechError, VoiceAdminError) as exc:
             _LOGGER.warning("Bridge request %s refused: %s", name[:64], exc)
             body = api_response("error", {}, transaction, str(exc), getattr(exc, "code", None))
         except UnknownVoiceError as exc:

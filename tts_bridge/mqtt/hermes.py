@@ -78,7 +78,7 @@ class HermesFrontEnd(MqttFrontEnd):
             _LOGGER.warning("Hermes request %s failed: %s", say.id, exc)
             self._error(say, f"synthesis failed: {exc}")
             return
-        self._pipeline.count_answer(job.route.tier)
+        self._pipeline.count_answer(job.route.tier, door="hermes")
         self._outbox.publish(
             OutgoingMessage(hermes_protocol.play_bytes_topic(say.site_id, say.id), rendering.wav)
         )
@@ -97,7 +97,7 @@ class HermesFrontEnd(MqttFrontEnd):
         self, source: hermes_protocol.HermesSay | hermes_protocol.HermesError, message: str
     ) -> None:
         _LOGGER.warning("Hermes request refused: %s", message)
-        self._pipeline.count_error()
+        self._pipeline.count_error(door="hermes")
         self._outbox.publish(
             OutgoingMessage(hermes_protocol.ERROR, hermes_protocol.error_payload(source, message))
         )

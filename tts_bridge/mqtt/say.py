@@ -348,7 +348,7 @@ class SayFrontEnd(MqttFrontEnd):
         target: str,
         closing: _Closing,
     ) -> None:
-        self._pipeline.count_error()
+        self._pipeline.count_error(code)
         body = self._outbox.refuse(request_id, code, message, reply, target)
         self._finish(closing, body)
 

@@ -19,6 +19,7 @@ from tts_bridge.config import Settings
 from tts_bridge.engines.base import EngineError, Tier
 from tts_bridge.engines.registry import UnknownVoiceError, Voice
 from tts_bridge.speech.idle import IdleWork
+from tts_bridge.speech.metrics import Metrics
 from tts_bridge.speech.routing import Route, TierRouter
 from tts_bridge.speech.scheduler import Scheduler
 from tts_bridge.speech.synthesis import (
@@ -135,6 +136,8 @@ class Pipeline:
         self.router = router
         self.idle = idle
         self.counters = counters
+        self.metrics: Metrics | None = None
+        """Requests by door, status and tier, when the service has metrics."""
 
     def start(self) -> None:
         self.scheduler.start()
@@ -355,11 +358,18 @@ class Pipeline:
 
     # counters and descriptions
 
-    def count_answer(self, tier: str, latency_ms: float | None = None) -> None:
+    def count_answer(
+        self, tier: str, latency_ms: float | None = None, *, door: str = "mqtt"
+    ) -> None:
         self.counters.answer(tier, latency_ms)
+        if self.metrics is not None:
+            self.metrics.request(door, "ok", tier)
 
-    def count_error(self) -> None:
+    def count_error(self, code: str = "error", *, door: str = "mqtt") -> None:
+        """A refused or failed request; `code` is its error code."""
         self.counters.error()
+        if self.metrics is not None:
+            self.metrics.request(door, code, None)
 
     def voices(self) -> VoiceCatalog:
         engines = self.synthesizer.engines

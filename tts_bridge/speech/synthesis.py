@@ -24,10 +24,13 @@ from tts_bridge.engines.base import (
     Engine,
     EngineError,
     FloatAudio,
+    Stages,
     SynthesisOptions,
+    timing_stages,
 )
 from tts_bridge.engines.registry import BackendFallbackError, EnginePool, Voice
 from tts_bridge.speech.cache import CacheKey, SentenceCache
+from tts_bridge.speech.metrics import Metrics
 from tts_bridge.speech.routing import CostEstimator
 from tts_bridge.text.english import for_english_voice
 from tts_bridge.text.normalize import detect_language, normalize
@@ -190,6 +193,8 @@ class Synthesizer:
         self.cache = cache
         self.estimator = estimator or CostEstimator()
         self.stats = EngineStats()
+        self.metrics: Metrics | None = None
+        """Where cache lookups and synthesis times are counted, when the service has metrics."""
 
     def front_text(self, engine: Engine, sentence: str) -> str:
         """The sentence as the engine's phonemizer needs it (its `front_end`, see
@@ -289,11 +294,11 @@ class Synthesizer:
         """
         key = self._key(voice, text, options)
         if use_cache:
-            hit = self.cache.get(key)
-            if hit is not None and hit.sample_rate == voice.engine.sample_rate:
+            cached = self._from_cache(voice, key, index, text)
+            if cached is not None:
                 if on_part is not None:
-                    on_part(AudioPart(0, index, hit.pcm, cached=True, last=True))
-                return SentenceAudio(index, text, hit.pcm, cached=True)
+                    on_part(AudioPart(0, index, cached.pcm, cached=True, last=True))
+                return cached
         try:
             # Loaded before the clock starts: the cost estimate that routes live requests, and
             # the RTF statistics, are about synthesis (a first load took 4x a sentence's time).
@@ -326,7 +331,7 @@ class Synthesizer:
         )
         exact: FloatAudio | None = None
         try:
-            with contextlib.closing(generation):
+            with contextlib.closing(generation), timing_stages() as stages:
                 while True:
                     try:
                         chunk = next(generation)
@@ -349,11 +354,39 @@ class Synthesizer:
         if exact is not None:
             chunks = [exact]
         pcm = audio.to_pcm16(np.concatenate(chunks)) if chunks else audio.silence(1, 0)
-        self.estimator.observe(voice.engine.name, voice.engine.identity, len(text), elapsed)
-        self.stats.add(voice.engine.identity, elapsed, pcm.size / voice.engine.sample_rate)
+        self._account(voice, len(text), elapsed, pcm, stages)
         if pcm.size and use_cache:
             self.cache.put(key, pcm, voice.tier, voice.engine.identity)
         return SentenceAudio(index, text, pcm, cached=False)
+
+    def _from_cache(
+        self, voice: Voice, key: CacheKey, index: int, text: str
+    ) -> SentenceAudio | None:
+        hit = self.cache.get(key)
+        found = hit is not None and hit.sample_rate == voice.engine.sample_rate
+        if self.metrics is not None:
+            self.metrics.cache_lookup(found)
+        if hit is None or not found:
+            return None
+        return SentenceAudio(index, text, hit.pcm, cached=True)
+
+    def _account(
+        self,
+        voice: Voice,
+        chars: int,
+        elapsed: float,
+        pcm: audio.Int16Audio,
+        stages: Stages,
+    ) -> None:
+        """Teach the estimator, add to the RTF statistics and the metrics."""
+        self.estimator.observe(voice.engine.name, voice.engine.identity, chars, elapsed)
+        audio_seconds = pcm.size / voice.engine.sample_rate
+        self.stats.add(voice.engine.identity, elapsed, audio_seconds)
+        if self.metrics is not None:
+            # An engine without stages of its own (Piper, hibari) is one stage: synthesis.
+            if not stages.seconds:
+                stages = Stages({"synthesis": elapsed}, {"synthesis": 1})
+            self.metrics.synthesized(voice.name, elapsed, audio_seconds, stages)
 
     def _synthesize(
         self, voice: Voice, spoken: str, options: SynthesisOptions, *, stream: bool
@@ -582,6 +615,8 @@ class Synthesizer:
                 together.append((index, pieces[0] if pieces else ""))
         if together:
             assert batching is not None
+            if self.metrics is not None:
+                self.metrics.idle_batch(len(together))
             self._ensure_loaded(engine)
             started = time.perf_counter()
             try:

@@ -5,9 +5,9 @@ It runs aiohttp on its own thread and event loop, so the thread-based service ne
 network and the network never waits for encoding: publish() encodes on the caller's thread, and
 the loop only streams files. GET and HEAD are served with byte ranges (aiohttp's FileResponse:
 206, 416, Accept-Ranges, Content-Length), which Sonos and Cast use. ``/audio/<token>.<extension>``
-and, when the service gives one, the status page at ``/`` exist; any other path, and any token
-the store does not hold, is a 404 (path tricks included: a name is exactly a token and an
-extension, never a path).
+and, when the service gives one, the status page at ``/`` exist, with the routes the service adds
+(`Routes`: the speech API, metrics); any other path, and any token the store does not hold, is a
+404 (path tricks included: a name is exactly a token and an extension, never a path).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -72,6 +73,12 @@ def lan_address() -> str:
     return address
 
 
+class Routes(Protocol):
+    """More routes on this server (the speech API, metrics), added before it listens."""
+
+    def register(self, app: web.Application) -> None: ...
+
+
 class AudioServer:
     """start() binds (raising if the port is taken), stop() closes; publish() from any thread."""
 
@@ -93,6 +100,8 @@ class AudioServer:
         self._runner: web.AppRunner | None = None
         self._stopped: asyncio.Event | None = None
         self._port: int | None = None
+        self.routes: list[Routes] = []
+        """Route sets registered when the server starts (see `Routes`)."""
 
     @classmethod
     def from_settings(cls, settings: Settings) -> AudioServer:
@@ -152,6 +161,8 @@ class AudioServer:
         app = web.Application(middlewares=[self._errors_middleware])
         app.router.add_get(_ROUTE_PREFIX + "{name}", self._handle_audio)  # HEAD too
         app.router.add_get("/", self._handle_status)
+        for routes in self.routes:
+            routes.register(app)
         # No access log: URLs are secrets, and a speaker's range requests would flood it.
         runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await runner.setup()

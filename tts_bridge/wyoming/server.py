@@ -7,9 +7,9 @@ cache, routing to the fast tier, the scheduler's queue, idle work, the health co
 
 The server's asyncio loop runs in a thread of its own and never synthesizes: each job is
 handed to the scheduler's worker threads with `Pipeline.submit`, and its audio comes back to
-the loop part by part (`call_soon_threadsafe`) as each sentence, or streamed ChatTTS piece, is
-ready. A request that fails gets an `error` event and then the connection is closed, because
-Home Assistant ignores `error` events and waits until the connection ends.
+the loop part by part (`AsyncDelivery`) as each sentence, or streamed ChatTTS piece, is ready.
+A request that fails gets an `error` event and then the connection is closed, because Home
+Assistant ignores `error` events and waits until the connection ends.
 """
 
 from __future__ import annotations
@@ -41,8 +41,9 @@ from zeroconf.asyncio import AsyncZeroconf
 from tts_bridge import __version__, audio
 from tts_bridge.config import Settings, WyomingSettings
 from tts_bridge.engines.base import Tier
-from tts_bridge.speech.pipeline import Pipeline, SpeechError, SpeechJob
-from tts_bridge.speech.synthesis import AudioPart, Rendering, RequestError
+from tts_bridge.speech.async_delivery import AsyncDelivery, Finished
+from tts_bridge.speech.pipeline import Pipeline, SpeechError
+from tts_bridge.speech.synthesis import AudioPart
 from tts_bridge.textlog import short
 from tts_bridge.wire import new_id
 from tts_bridge.wyoming.events import (
@@ -78,16 +79,6 @@ _MDNS_GROUP = "224.0.0.251"
 
 class _ClientGoneError(Exception):
     """The client closed the connection (or the server is stopping)."""
-
-
-class _AbandonedError(RequestError):
-    """Raised into a rendering whose client has gone, to end it on its worker thread.
-
-    A RequestError, so that the pipeline reports it as a refused request (quietly) rather
-    than as an engine failure."""
-
-    def __init__(self) -> None:
-        super().__init__("client_gone", "the client closed the connection")
 
 
 def voice_entries(pipeline: Pipeline) -> tuple[list[VoiceEntry], str]:
@@ -225,7 +216,7 @@ class _Session(AsyncEventHandler):
                 await stream.speaker
         if self._busy and not self._closing:
             _LOGGER.warning("Wyoming client %s left before its answer was complete", self._peer)
-            self._server.pipeline.count_error()
+            self._server.pipeline.count_error("client_gone", door="wyoming")
         self._busy = False
         self._closing = True
         self.writer.close()
@@ -246,7 +237,7 @@ class _Session(AsyncEventHandler):
         self._closing = True
         self._busy = False
         _LOGGER.warning("Wyoming request from %s refused (%s): %s", self._peer, exc.code, exc)
-        self._server.pipeline.count_error()
+        self._server.pipeline.count_error(exc.code, door="wyoming")
         with contextlib.suppress(_ClientGoneError):
             await self.write_event(error_event(exc.code, str(exc)))
         # Half-close: the client reads the error, then the end of the stream. The session's
@@ -363,7 +354,7 @@ class _Session(AsyncEventHandler):
     def _answered(self, answer: _Answer) -> None:
         self._busy = False
         latency_ms = round((time.monotonic() - answer.received) * 1000, 1)
-        self._server.pipeline.count_answer(answer.tier or "quality", latency_ms)
+        self._server.pipeline.count_answer(answer.tier or "quality", latency_ms, door="wyoming")
         _LOGGER.info(
             "Wyoming request from %s done: %s tier, %s, %d job(s)",
             self._peer,
@@ -409,20 +400,18 @@ class _Session(AsyncEventHandler):
         if answer.tier is None:
             answer.tier, answer.rate = job.route.tier, job.sample_rate
         _LOGGER.debug("Wyoming job %s: %s tier (%s)", job.id, job.route.tier, job.route.reason)
-        delivery = _Delivery(asyncio.get_running_loop(), pipeline)
+        delivery = AsyncDelivery(asyncio.get_running_loop(), pipeline)
         if not pipeline.submit(job, delivery.serve):
             raise WyomingRequestError("busy", "the bridge is busy; retry later")
         try:
             while True:
-                kind, item = await delivery.outbox.get()
-                if kind == "part":
-                    assert isinstance(item, AudioPart)
-                    await self._send_part(answer, item)
-                elif kind == "error":
-                    assert isinstance(item, WyomingRequestError)
-                    raise item
-                else:
+                try:
+                    event = await delivery.next_event()
+                except SpeechError as exc:
+                    raise WyomingRequestError(exc.code, str(exc)) from None
+                if isinstance(event, Finished):
                     break
+                await self._send_part(answer, event)
         finally:
             delivery.abandon()  # a worker still rendering stops at its next part
         answer.jobs += 1
@@ -437,55 +426,6 @@ class _Session(AsyncEventHandler):
             answer.started = True
         for event in audio_chunks(np.asarray(pcm, dtype="<i2").tobytes(), answer.rate):
             await self.write_event(event)
-
-
-class _Delivery:
-    """A job's parts, from the worker thread that renders it to the session's loop."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, pipeline: Pipeline) -> None:
-        self._loop = loop
-        self._pipeline = pipeline
-        self._abandoned = threading.Event()
-        self.outbox: asyncio.Queue[tuple[str, AudioPart | WyomingRequestError | None]] = (
-            asyncio.Queue()
-        )
-
-    def abandon(self) -> None:
-        self._abandoned.set()
-
-    def _post(self, kind: str, item: AudioPart | WyomingRequestError | None) -> None:
-        try:
-            self._loop.call_soon_threadsafe(self.outbox.put_nowait, (kind, item))
-        except RuntimeError:  # the loop is closed: the server stopped
-            self._abandoned.set()
-
-    def _on_part(self, part: AudioPart) -> None:
-        if self._abandoned.is_set():
-            raise _AbandonedError()
-        self._post("part", part)
-
-    def serve(self, job: SpeechJob) -> None:
-        """On a worker thread."""
-        if self._abandoned.is_set():
-            return
-        try:
-            rendering: Rendering = self._pipeline.render(job, on_part=self._on_part)
-        except SpeechError as exc:
-            if not self._abandoned.is_set():
-                self._post("error", WyomingRequestError(exc.code, str(exc)))
-            return
-        except Exception as exc:
-            if self._abandoned.is_set():
-                _LOGGER.debug("Wyoming job %s abandoned: %s", job.id, type(exc).__name__)
-                return
-            _LOGGER.exception("Wyoming job %s failed", job.id)
-            failure = WyomingRequestError(
-                "synthesis_failed", f"internal error: {type(exc).__name__}"
-            )
-            self._post("error", failure)
-            return
-        _LOGGER.debug("Wyoming job %s rendered: %d ms", job.id, rendering.duration_ms)
-        self._post("done", None)
 
 
 class WyomingServer:

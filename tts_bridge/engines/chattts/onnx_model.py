@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from tts_bridge.engines.base import EngineError, FloatAudio, check_interrupt
+from tts_bridge.engines.base import EngineError, FloatAudio, check_interrupt, record_stage
 from tts_bridge.engines.chattts.common import read_json
 from tts_bridge.engines.chattts.onnx_format import (
     CONFIG_FILE,
@@ -529,7 +529,9 @@ class ChatTTSOnnxModel:
             times.gpt += between - started
             if step == 0:
                 times.prefill = between - started
-            times.sampling += time.perf_counter() - between
+            done = time.perf_counter()
+            times.sampling += done - between
+            record_stage("prefill" if step == 0 else "codes", done - started)
             times.steps += 1
             yield lengths.copy(), hiddens
             if finished.all():
@@ -555,10 +557,12 @@ class ChatTTSOnnxModel:
 
     def run_decoder(self, hidden: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
         """The decoder, one shot: (1, hidden, steps) -> mel (1, mels, 2 x steps)."""
+        started = time.perf_counter()
         if self._stream_stages is not None:
             (mel,) = self._stream_stages[0].once(hidden)
-            return mel
-        (mel,) = self._decoder.run(None, {"hidden": hidden})
+        else:
+            (mel,) = self._decoder.run(None, {"hidden": hidden})
+        record_stage("decoder", time.perf_counter() - started)
         return _as_float32(mel)
 
     def run_vocos(
@@ -566,10 +570,12 @@ class ChatTTSOnnxModel:
     ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
         """Vocos, one shot: mel (1, mels, frames) -> magnitude and phase, each
         (1, n_fft/2 + 1, frames)."""
+        started = time.perf_counter()
         if self._stream_stages is not None:
             magnitude, phase = self._stream_stages[1].once(mel)
-            return magnitude, phase
-        magnitude, phase = self._vocos.run(None, {"mel": mel})
+        else:
+            magnitude, phase = self._vocos.run(None, {"mel": mel})
+        record_stage("vocoder", time.perf_counter() - started)
         return _as_float32(magnitude), _as_float32(phase)
 
     def decode(self, hiddens: npt.NDArray[np.float32]) -> FloatAudio:

@@ -18,6 +18,7 @@ on the model that builds them.
 from __future__ import annotations
 
 import copy
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -25,7 +26,7 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from tts_bridge.engines.base import EngineError, FloatAudio
+from tts_bridge.engines.base import EngineError, FloatAudio, record_stage
 from tts_bridge.engines.chattts.onnx_format import STREAM_PADS_KEY
 
 __all__ = [
@@ -415,9 +416,13 @@ class StatefulStreamingDecoder(_OverlapAdd):
         codes = hiddens.shape[0]
         new = np.ascontiguousarray(hiddens[self._fed :].T[None, :, :], dtype=np.float32)
         self._fed = codes
+        started = time.perf_counter()
         mel = self._decoder.push(new, final)
+        decoded = time.perf_counter()
+        record_stage("decoder", decoded - started)
         if mel is not None or final:
             spectrum = self._vocos.push(mel[0] if mel is not None else None, final)
+            record_stage("vocoder", time.perf_counter() - decoded)
             if spectrum is not None:
                 magnitude, phase = spectrum
                 self._overlap(magnitude[0], phase[0])

@@ -1,0 +1,431 @@
+"""The HTTP speech API with the official `openai` package as the client, and curl-style requests
+to /api/speak: the real service in process (real voices, pipeline, scheduler and HTTP server on a
+free loopback port; a fake MQTT connection), every answer decoded back."""
+
+from __future__ import annotations
+
+import io
+import json
+import threading
+import time
+import urllib.parse
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import openai
+import pytest
+import soundfile
+
+from tests.support.fake import Services
+from tests.support.harness import BridgeFactory
+from tests.support.web import raw_request
+from tts_bridge import app
+from tts_bridge.audio_stream import PCM_RATE
+from tts_bridge.bench.localbroker import free_port
+from tts_bridge.web.api_keys import ApiKeys, read_keys_file
+from tts_bridge.web.server import AudioServer
+
+JOE_RATE = 22050
+HEART_RATE = 24000
+TWO_SENTENCES = "The front door is open. Please close it before you leave."
+
+
+def audio_server(service: app.Service) -> AudioServer:
+    return next(s for s in service.servers if isinstance(s, AudioServer))
+
+
+def client_for(service: app.Service, key: str = "unused") -> openai.OpenAI:
+    port = audio_server(service).port
+    return openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=key, max_retries=0)
+
+
+def decode(data: bytes) -> tuple[npt.NDArray[np.float64], int, str]:
+    info = soundfile.info(io.BytesIO(data))
+    audio, rate = soundfile.read(io.BytesIO(data), always_2d=True)
+    return audio, int(rate), str(info.format)
+
+
+@pytest.fixture
+def served(services: Services) -> app.Service:
+    service, _ = services()
+    return service
+
+
+def speak(
+    service: app.Service,
+    body: bytes,
+    content_type: str,
+    headers: dict[str, str] | None = None,
+    path: str = "/api/speak",
+) -> tuple[int, dict[str, str], bytes]:
+    """A POST as curl sends it."""
+    port = audio_server(service).port
+    all_headers = {
+        "Content-Type": content_type,
+        "Content-Length": str(len(body)),
+        **(headers or {}),
+    }
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    try:
+        conn.request("POST", path, body=body, headers=all_headers)
+        response = conn.getresponse()
+        return response.status, dict(response.getheaders()), response.read()
+    finally:
+        conn.close()
+
+
+def error_of(body: bytes) -> dict[str, Any]:
+    error: dict[str, Any] = json.loads(body)["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    return error
+
+
+# -- the openai package ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("fmt", "libsndfile_format", "rate"),
+    [
+        ("wav", "WAV", JOE_RATE),
+        ("flac", "FLAC", JOE_RATE),
+        ("mp3", "MP3", JOE_RATE),
+        ("opus", "OGG", HEART_RATE),
+    ],
+)
+def test_every_format_decodes_and_the_repeat_is_cached(
+    served: app.Service, fmt: str, libsndfile_format: str, rate: int
+) -> None:
+    client = client_for(served)
+    text = f"The {fmt} answer is ready."
+    first = client.audio.speech.with_raw_response.create(
+        model="tts-1-hd",
+        voice="joe",
+        input=text,
+        response_format=fmt,  # type: ignore[arg-type]
+    )
+    audio, got_rate, kind = decode(first.content)
+    assert (kind, got_rate) == (libsndfile_format, rate)
+    assert audio.shape[0] > rate // 2  # at least half a second of speech
+    assert first.headers["X-TTS-Voice"] == "joe"
+    assert first.headers["X-TTS-Tier"] == "quality"
+    again = client.audio.speech.with_raw_response.create(
+        model="tts-1-hd",
+        voice="joe",
+        input=text,
+        response_format=fmt,  # type: ignore[arg-type]
+    )
+    if fmt in ("mp3", "flac"):  # whole answers say whether the cache made them
+        assert first.headers["X-TTS-Cached"] == "false"
+        assert again.headers["X-TTS-Cached"] == "true"
+    if fmt != "opus":  # Opus is lossy, and its encoder is not deterministic across streams
+        assert again.content == first.content
+    info = served.pipeline.synthesizer.cache.stats()
+    assert info["entries"] >= 1
+
+
+def test_pcm_is_24_khz_16_bit_mono(served: app.Service) -> None:
+    client = client_for(served)
+    wav = client.audio.speech.create(
+        model="tts-1-hd", voice="joe", input="Dinner is ready.", response_format="wav"
+    ).content
+    pcm = client.audio.speech.create(
+        model="tts-1-hd", voice="joe", input="Dinner is ready.", response_format="pcm"
+    ).content
+    samples, rate, _ = decode(wav)
+    assert rate == JOE_RATE
+    assert len(pcm) % 2 == 0
+    expected = samples.shape[0] * PCM_RATE / JOE_RATE
+    assert abs(len(pcm) // 2 - expected) <= 64  # the resampler's edge, not a lost piece
+
+
+def test_the_model_picks_the_tier(served: app.Service) -> None:
+    client = client_for(served)
+    fast = client.audio.speech.with_raw_response.create(
+        model="tts-1", voice="joe", input="The fast answer.", response_format="wav"
+    )
+    assert fast.headers["X-TTS-Tier"] == "fast"
+    assert fast.headers["X-TTS-Voice"] == "heart"  # joe's fast voice
+    assert decode(fast.content)[1] == HEART_RATE
+
+
+def test_streaming_joins_to_the_whole_answer(served: app.Service) -> None:
+    client = client_for(served)
+    with client.audio.speech.with_streaming_response.create(
+        model="tts-1-hd", voice="joe", input=TWO_SENTENCES, response_format="wav"
+    ) as response:
+        assert response.headers["Transfer-Encoding"] == "chunked"
+        streamed = b"".join(response.iter_bytes())
+    # The same text again, whole (/api/speak), from the cache the stream filled.
+    status, headers, whole = speak(
+        served, json.dumps({"text": TWO_SENTENCES, "voice": "joe"}).encode(), "application/json"
+    )
+    assert status == 200
+    assert headers["X-TTS-Cached"] == "true"
+    streamed_audio, rate, _ = decode(streamed)
+    whole_audio, whole_rate, _ = decode(whole)
+    assert rate == whole_rate == JOE_RATE
+    assert np.array_equal(streamed_audio, whole_audio)
+
+
+def test_voices_and_models(served: app.Service) -> None:
+    client = client_for(served)
+    models = {m.id for m in client.models.list()}
+    assert {"tts-1", "tts-1-hd"} <= models
+    status, _, body = raw_request(audio_server(served).port, "GET", "/v1/audio/voices")
+    assert status == 200
+    voices = json.loads(body)
+    assert voices["voices"] == [v.name for v in served.pipeline.voices().voices]
+    assert voices["default_voice"] == "joe"
+    assert {v["id"] for v in voices["data"]} == set(voices["voices"])
+
+
+def test_an_openai_voice_name_means_the_default_voice(served: app.Service) -> None:
+    response = client_for(served).audio.speech.with_raw_response.create(
+        model="tts-1-hd", voice="alloy", input="Hello.", response_format="wav"
+    )
+    assert response.headers["X-TTS-Voice"] == served.pipeline.voices().default_voice
+
+
+@pytest.mark.parametrize(
+    ("args", "code"),
+    [
+        ({"voice": "bob"}, "unknown_voice"),
+        ({"model": "tts-9"}, "unknown_model"),
+        ({"response_format": "aac"}, "unsupported_format"),
+        ({"input": "  "}, "empty_text"),
+        ({"speed": 9.0}, "invalid_options"),
+    ],
+)
+def test_bad_requests_get_openais_error_shape(
+    served: app.Service, args: dict[str, Any], code: str
+) -> None:
+    request: dict[str, Any] = {
+        "model": "tts-1-hd",
+        "voice": "joe",
+        "input": "Hello.",
+        "response_format": "wav",
+        **args,
+    }
+    with pytest.raises(openai.BadRequestError) as caught:
+        client_for(served).audio.speech.create(**request)
+    assert caught.value.status_code == 400
+    assert caught.value.code == code
+    body = caught.value.body
+    assert isinstance(body, dict) and body["code"] == code and body["message"]
+    # The bridge goes on serving.
+    ok = client_for(served).audio.speech.create(
+        model="tts-1-hd", voice="joe", input="Still here.", response_format="wav"
+    )
+    assert decode(ok.content)[1] == JOE_RATE
+
+
+def test_too_long_text_is_refused(services: Services) -> None:
+    service, _ = services(limits={"max_text_chars": 40})
+    with pytest.raises(openai.BadRequestError) as caught:
+        client_for(service).audio.speech.create(
+            model="tts-1-hd", voice="joe", input="word " * 20, response_format="wav"
+        )
+    assert caught.value.code == "text_too_long"
+
+
+def test_a_busy_bridge_answers_503(services: Services) -> None:
+    service, _ = services(
+        limits={"max_queue": 1}, scheduler={"idle_enabled": False, "latency_budget_ms": 600_000}
+    )
+    scheduler = service.pipeline.scheduler
+    gate = threading.Event()
+
+    def held() -> None:
+        gate.wait(30)
+
+    try:
+        # Occupy every worker: a job that stays queued means none is free, and the queue full.
+        while True:
+            assert scheduler.submit_live(held, 0.0)
+            deadline = time.monotonic() + 2.0
+            while scheduler.depth and time.monotonic() < deadline:
+                time.sleep(0.01)
+            if scheduler.depth:
+                break
+        status, headers, body = speak(
+            service, json.dumps({"text": "Hello."}).encode(), "application/json"
+        )
+    finally:
+        gate.set()
+    assert status == 503
+    assert headers["Retry-After"] == "1"
+    assert error_of(body)["code"] == "busy"
+
+
+# -- keys ------------------------------------------------------------------------------------
+
+
+def test_keys_are_required_when_configured(services: Services, tmp_path: Path) -> None:
+    keys_file = tmp_path / "keys.txt"
+    keys_file.write_text("# the kitchen tablet\nfile-key\n", encoding="utf-8")
+    service, _ = services(http={"api_keys": ["listed-key"], "api_keys_file": str(keys_file)})
+    with pytest.raises(openai.AuthenticationError) as caught:
+        client_for(service, key="wrong").audio.speech.create(
+            model="tts-1-hd", voice="joe", input="Hello.", response_format="wav"
+        )
+    assert caught.value.code == "invalid_api_key"
+    status, _, body = speak(service, b'{"text": "Hello."}', "application/json")
+    assert status == 401 and error_of(body)["code"] == "invalid_api_key"
+    for key in ("listed-key", "file-key"):
+        ok = client_for(service, key=key).audio.speech.create(
+            model="tts-1-hd", voice="joe", input="Hello.", response_format="wav"
+        )
+        assert decode(ok.content)[1] == JOE_RATE
+
+
+def test_api_keys_compare_whole_keys() -> None:
+    keys = ApiKeys(["secret"])
+    assert keys.required
+    assert keys.allows("Bearer secret")
+    assert keys.allows("bearer  secret ")
+    for header in (None, "", "secret", "Bearer secre", "Bearer secret2", "Basic secret"):
+        assert not keys.allows(header)
+    assert ApiKeys([]).allows(None)
+
+
+def test_keys_file_comments_and_blank_lines(tmp_path: Path) -> None:
+    path = tmp_path / "keys"
+    path.write_text("a\n\n  # nothing\nb  # the tablet\n", encoding="utf-8")
+    assert read_keys_file(path) == ["a", "b"]
+
+
+def test_the_api_can_be_turned_off(services: Services) -> None:
+    service, _ = services(http={"api_enabled": False})
+    status, _, _ = speak(service, b'{"text": "Hello."}', "application/json")
+    assert status == 404
+
+
+# -- /api/speak ------------------------------------------------------------------------------
+
+
+def test_speak_takes_json_form_multipart_and_plain_text(served: app.Service) -> None:
+    text = "The laundry is dry."
+    boundary = uuid.uuid4().hex
+    multipart = (
+        f'--{boundary}\r\nContent-Disposition: form-data; name="text"\r\n\r\n{text}\r\n'
+        f'--{boundary}\r\nContent-Disposition: form-data; name="format"\r\n\r\nflac\r\n'
+        f"--{boundary}--\r\n"
+    ).encode()
+    requests = [
+        (json.dumps({"text": text, "voice": "joe"}).encode(), "application/json", "WAV"),
+        (
+            urllib.parse.urlencode({"text": text, "format": "mp3"}).encode(),
+            "application/x-www-form-urlencoded",
+            "MP3",
+        ),
+        (multipart, f"multipart/form-data; boundary={boundary}", "FLAC"),
+        (text.encode(), "text/plain; charset=utf-8", "WAV"),
+    ]
+    for body, content_type, kind in requests:
+        status, headers, audio = speak(served, body, content_type)
+        assert status == 200, audio[:200]
+        assert int(headers["Content-Length"]) == len(audio)
+        samples, rate, got = decode(audio)
+        assert (got, rate) == (kind, JOE_RATE)
+        assert samples.shape[0] > JOE_RATE // 2
+
+
+@pytest.mark.parametrize(
+    ("body", "content_type", "code"),
+    [
+        (b'{"text": 5}', "application/json", "invalid_request"),
+        (b'{"text": "hi", "colour": "red"}', "application/json", "invalid_request"),
+        (b"{not json", "application/json", "invalid_json"),
+        (b'{"text": "hi", "tier": "slow"}', "application/json", "invalid_request"),
+        (b'{"text": "hi", "format": "aac"}', "application/json", "unsupported_format"),
+        (b"\xff\xfe", "text/plain", "invalid_utf8"),
+        (b'{"text": "' + b"a" * 20_000 + b'"}', "application/json", "payload_too_large"),
+    ],
+)
+def test_speak_refusals(served: app.Service, body: bytes, content_type: str, code: str) -> None:
+    status, _, answer = speak(served, body, content_type)
+    assert status == (413 if code == "payload_too_large" else 400)
+    assert error_of(answer)["code"] == code
+
+
+def test_concurrent_requests_each_get_their_own_audio(served: app.Service) -> None:
+    texts = [f"Request number {n} is done." for n in range(3)]
+    results: dict[str, bytes] = {}
+
+    def ask(text: str) -> None:
+        results[text] = (
+            client_for(served)
+            .audio.speech.create(model="tts-1-hd", voice="joe", input=text, response_format="wav")
+            .content
+        )
+
+    threads = [threading.Thread(target=ask, args=(t,)) for t in texts]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert set(results) == set(texts)
+    for text in texts:
+        again = (
+            client_for(served)
+            .audio.speech.create(model="tts-1-hd", voice="joe", input=text, response_format="wav")
+            .content
+        )
+        assert again == results[text]  # from the cache: the very same audio
+
+
+@pytest.fixture(autouse=True)
+def _no_proxy(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    # httpx honours proxy variables; loopback requests must never leave the machine.
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    yield
+
+
+def test_a_client_that_leaves_mid_stream_does_not_stop_the_bridge(served: app.Service) -> None:
+    import http.client
+
+    port = audio_server(served).port
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    text = " ".join(f"Sentence number {n} of a long announcement." for n in range(8))
+    fields = {"model": "tts-1-hd", "voice": "joe", "input": text, "response_format": "pcm"}
+    body = json.dumps(fields)
+    conn.request("POST", "/v1/audio/speech", body, {"Content-Type": "application/json"})
+    response = conn.getresponse()
+    assert response.status == 200
+    assert response.read(64)
+    conn.close()  # gone mid-answer
+    ok = client_for(served).audio.speech.create(
+        model="tts-1-hd", voice="joe", input="Still here.", response_format="wav"
+    )
+    assert decode(ok.content)[1] == JOE_RATE
+
+
+@pytest.mark.slow
+def test_the_openai_client_against_a_running_bridge(bridge_factory: BridgeFactory) -> None:
+    port = free_port()
+    bridge_factory(http={"host": "127.0.0.1", "port": port, "api_keys": ["kitchen-key"]})
+    client = openai.OpenAI(
+        base_url=f"http://127.0.0.1:{port}/v1", api_key="kitchen-key", max_retries=0
+    )
+    text = "The bridge answers the official client."
+    first = client.audio.speech.with_raw_response.create(
+        model="tts-1-hd", voice="joe", input=text, response_format="mp3"
+    )
+    audio, rate, kind = decode(first.content)
+    assert (kind, rate) == ("MP3", JOE_RATE)
+    assert audio.shape[0] > JOE_RATE // 2
+    again = client.audio.speech.with_raw_response.create(
+        model="tts-1-hd", voice="joe", input=text, response_format="mp3"
+    )
+    assert (first.headers["X-TTS-Cached"], again.headers["X-TTS-Cached"]) == ("false", "true")
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(
+            base_url=f"http://127.0.0.1:{port}/v1", api_key="wrong", max_retries=0
+        ).audio.speech.create(model="tts-1", voice="joe", input="No.", response_format="wav")

@@ -1,0 +1,525 @@
+"""The HTTP speech API: OpenAI's ``POST /v1/audio/speech`` and a plain ``POST /api/speak``.
+
+What Open WebUI, Home Assistant's openai_tts integration, n8n and the official ``openai`` package
+speak. Every request goes through the same pipeline as the MQTT and Wyoming doors (the sentence
+cache, tier routing, the scheduler's queue, idle upgrades); the server's event loop only parses,
+waits and writes: the job renders on a synthesis worker (`AsyncDelivery`).
+
+``model`` picks the tier: ``tts-1`` the fast tier, ``tts-1-hd`` the quality tier,
+``tts-bridge`` (and ``gpt-4o-mini-tts``) the bridge's own routing. ``voice`` is any configured
+voice; OpenAI's own voice names (alloy, nova, ...) that are not configured voices mean the
+default voice, so a client that only knows those still gets speech. WAV, raw PCM (24 kHz, as
+OpenAI defines it) and Ogg Opus are sent as they are made; MP3 and FLAC are encoded whole. AAC
+is refused (``unsupported_format``): no maintained AAC encoder is at hand (libsndfile has none).
+Errors are OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``, with the
+bridge's codes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import time
+import urllib.parse
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, cast, get_args
+
+from aiohttp import web
+
+from tts_bridge.audio import EncodeError, encode
+from tts_bridge.audio_stream import STREAM_FORMATS, StreamFormat, stream_encoder
+from tts_bridge.config import Settings
+from tts_bridge.engines.base import Tier
+from tts_bridge.formats import AudioFormat, Container
+from tts_bridge.speech.async_delivery import AsyncDelivery, Finished
+from tts_bridge.speech.pipeline import Pipeline, SpeechError, SpeechJob
+from tts_bridge.speech.synthesis import AudioPart, Rendering
+from tts_bridge.textlog import short
+from tts_bridge.web.api_keys import ApiKeys
+from tts_bridge.web.server import AudioServer
+from tts_bridge.wire import new_id
+
+_LOGGER = logging.getLogger(__name__)
+
+DOOR = "http"
+"""This door's name in the pipeline's accounting (logs, metrics)."""
+MODELS: dict[str, Tier | None] = {
+    "tts-1": "fast",
+    "tts-1-hd": "quality",
+    "tts-bridge": None,
+    "gpt-4o-mini-tts": None,
+}
+"""OpenAI model names -> the tier they force (None: the bridge routes as for any request)."""
+OPENAI_VOICES = frozenset(
+    {
+        "alloy",
+        "ash",
+        "ballad",
+        "cedar",
+        "coral",
+        "echo",
+        "fable",
+        "marin",
+        "nova",
+        "onyx",
+        "sage",
+        "shimmer",
+        "verse",
+    }
+)
+"""OpenAI's voices: a client that knows no other asks for these; they mean the default voice."""
+FORMATS = ("mp3", "opus", "aac", "flac", "wav", "pcm")
+WHOLE_CONTENT_TYPES = {"mp3": "audio/mpeg", "flac": "audio/flac", "wav": "audio/wav"}
+_TIERS = get_args(Tier)
+_STATUS = {
+    "invalid_api_key": 401,
+    "payload_too_large": 413,
+    "busy": 503,
+    "synthesis_failed": 500,
+    "encoding_failed": 500,
+    "internal_error": 500,
+}
+_OPENAI_KEYS = frozenset(
+    {"model", "input", "voice", "response_format", "speed", "instructions", "stream_format"}
+)
+_SPEAK_KEYS = frozenset({"text", "voice", "lang", "tier", "format", "speed", "cache"})
+
+
+class ApiRequestError(Exception):
+    """A request this API refuses; `code` is the bridge's error code."""
+
+    def __init__(self, code: str, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.param = param
+
+    @property
+    def status(self) -> int:
+        return _STATUS.get(self.code, 400)
+
+
+def error_body(code: str, message: str, param: str | None = None) -> dict[str, Any]:
+    """OpenAI's error shape with the bridge's code."""
+    status = _STATUS.get(code, 400)
+    kind = "server_error" if status >= 500 else "invalid_request_error"
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def error_response(exc: ApiRequestError | SpeechError) -> web.Response:
+    param = exc.param if isinstance(exc, ApiRequestError) else None
+    status = _STATUS.get(exc.code, 400)
+    headers = {"Retry-After": "1"} if exc.code == "busy" else None
+    return web.json_response(error_body(exc.code, str(exc), param), status=status, headers=headers)
+
+
+@dataclass(frozen=True)
+class SpeechRequest:
+    """A parsed request of either endpoint."""
+
+    text: str
+    voice: str | None
+    container: str
+    tier: Tier | None = None
+    speed: float | None = None
+    lang: str | None = None
+    use_cache: bool = True
+    stream: bool = True
+    """Send the audio as it is made when the format allows (the OpenAI endpoint)."""
+
+
+def _string(fields: Mapping[str, Any], key: str, *, required: bool = False) -> str | None:
+    value = fields.get(key)
+    if value is None:
+        if required:
+            raise ApiRequestError("invalid_request", f"'{key}' is required", key)
+        return None
+    if not isinstance(value, str):
+        raise ApiRequestError("invalid_request", f"'{key}' must be a string", key)
+    return value
+
+
+def _speed(value: object) -> float | None:
+    """The request's speed; 1.0 (what many clients always send) keeps the voice's own pace."""
+    if value is None or value == "":
+        return None
+    try:
+        speed = float(cast(Any, value))
+    except (TypeError, ValueError):
+        raise ApiRequestError("invalid_options", "'speed' must be a number", "speed") from None
+    if isinstance(value, bool) or not math.isfinite(speed):
+        raise ApiRequestError("invalid_options", "'speed' must be a number", "speed")
+    return None if speed == 1.0 else speed
+
+
+def _format(name: str | None, default: str) -> str:
+    container = (name or default).strip().lower()
+    if container == "aac":
+        raise ApiRequestError(
+            "unsupported_format",
+            "aac is not available (no AAC encoder here); use mp3, opus, flac, wav or pcm",
+            "response_format",
+        )
+    if container not in FORMATS:
+        raise ApiRequestError(
+            "unsupported_format",
+            f"unknown format {container[:16]!r}; use one of mp3, opus, flac, wav, pcm",
+            "response_format",
+        )
+    return container
+
+
+def _unknown_keys(fields: Mapping[str, Any], known: frozenset[str]) -> None:
+    unknown = sorted(str(k) for k in fields if k not in known)
+    if unknown:
+        shown = ", ".join(k[:32] for k in unknown)
+        raise ApiRequestError(
+            "invalid_request", f"unknown field(s) {shown}; known: {', '.join(sorted(known))}"
+        )
+
+
+def parse_openai(fields: Mapping[str, Any], voices: frozenset[str]) -> SpeechRequest:
+    """`POST /v1/audio/speech`'s JSON body (`voices`: the configured voice names)."""
+    _unknown_keys(fields, _OPENAI_KEYS)
+    model = _string(fields, "model") or "tts-bridge"
+    if model not in MODELS:
+        raise ApiRequestError(
+            "unknown_model",
+            f"unknown model {model[:64]!r}; use one of {', '.join(MODELS)}",
+            "model",
+        )
+    text = _string(fields, "input", required=True)
+    assert text is not None
+    raw_voice = fields.get("voice")
+    if isinstance(raw_voice, Mapping):  # newer clients send {"id": "..."}
+        raw_voice = raw_voice.get("id")
+    if raw_voice is not None and not isinstance(raw_voice, str):
+        raise ApiRequestError("invalid_request", "'voice' must be a string", "voice")
+    voice = raw_voice or None
+    if voice is not None and voice not in voices and voice.lower() in OPENAI_VOICES:
+        voice = None  # OpenAI's name for "a voice": the default one
+    stream_format = _string(fields, "stream_format")
+    if stream_format not in (None, "audio"):
+        raise ApiRequestError(
+            "unsupported_format", "stream_format must be 'audio' (no SSE)", "stream_format"
+        )
+    return SpeechRequest(
+        text=text,
+        voice=voice,
+        container=_format(_string(fields, "response_format"), "mp3"),
+        tier=MODELS[model],
+        speed=_speed(fields.get("speed")),
+    )
+
+
+def parse_speak(fields: Mapping[str, Any]) -> SpeechRequest:
+    """`POST /api/speak`'s fields (JSON or form): text, voice, lang, tier, format, speed, cache."""
+    _unknown_keys(fields, _SPEAK_KEYS)
+    text = _string(fields, "text", required=True)
+    assert text is not None
+    tier = _string(fields, "tier")
+    if tier is not None and tier not in _TIERS:
+        raise ApiRequestError("invalid_request", "'tier' must be quality or fast", "tier")
+    cache = fields.get("cache", True)
+    if isinstance(cache, str):
+        cache = cache.strip().lower() not in ("0", "false", "no", "off")
+    if not isinstance(cache, bool):
+        raise ApiRequestError("invalid_request", "'cache' must be true or false", "cache")
+    return SpeechRequest(
+        text=text,
+        voice=_string(fields, "voice") or None,
+        container=_format(_string(fields, "format"), "wav"),
+        tier=cast(Tier | None, tier),
+        speed=_speed(fields.get("speed")),
+        lang=_string(fields, "lang") or None,
+        use_cache=cache,
+        stream=False,
+    )
+
+
+class SpeechApi:
+    """The API's routes on the HTTP server (`register`), served on its event loop."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        pipeline: Pipeline,
+        keys: ApiKeys,
+        *,
+        store: AudioServer | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """`store`: the server whose audio store keeps encoded answers, so a repeat is not
+        encoded again."""
+        self._settings = settings
+        self._store = store
+        self._pipeline = pipeline
+        self._keys = keys
+        self._clock = clock
+        # A request is its text and a few names: room for the longest text, in UTF-8 and
+        # JSON-escaped, with the payload limit of the other doors as the floor.
+        limits = settings.limits
+        self.max_body_bytes = max(limits.max_payload_bytes, 8 * limits.max_text_chars)
+
+    def register(self, app: web.Application) -> None:
+        app.router.add_post("/v1/audio/speech", self._guarded(self._openai_speech))
+        app.router.add_get("/v1/audio/voices", self._guarded(self._voices))
+        app.router.add_get("/v1/models", self._guarded(self._models))
+        app.router.add_post("/api/speak", self._guarded(self._speak))
+
+    def _guarded(
+        self, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+        """The key check, and every refusal as OpenAI's error shape (logged once)."""
+
+        async def guarded(request: web.Request) -> web.StreamResponse:
+            if not self._keys.allows(request.headers.get("Authorization")):
+                _LOGGER.warning("HTTP request from %s without a valid key", request.remote)
+                self._pipeline.count_error("invalid_api_key", door=DOOR)
+                return error_response(
+                    ApiRequestError(
+                        "invalid_api_key",
+                        "a valid API key is required (Authorization: Bearer KEY)",
+                    )
+                )
+            try:
+                return await handler(request)
+            except (ApiRequestError, SpeechError) as exc:
+                _LOGGER.warning(
+                    "HTTP speech request from %s refused (%s): %s", request.remote, exc.code, exc
+                )
+                self._pipeline.count_error(exc.code, door=DOOR)
+                return error_response(exc)
+
+        return guarded
+
+    # descriptions
+
+    async def _voices(self, request: web.Request) -> web.StreamResponse:
+        catalog = self._pipeline.voices()
+        return web.json_response(
+            {
+                "voices": [v.name for v in catalog.voices],
+                "default_voice": catalog.default_voice,
+                "data": [
+                    {
+                        "id": v.name,
+                        "name": v.name,
+                        "languages": list(v.languages),
+                        "engine": v.engine,
+                        "tier": v.tier,
+                        "sample_rate": v.sample_rate,
+                        "description": v.description,
+                    }
+                    for v in catalog.voices
+                ],
+            }
+        )
+
+    async def _models(self, request: web.Request) -> web.StreamResponse:
+        return web.json_response(
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": name,
+                        "object": "model",
+                        "created": 0,
+                        "owned_by": "tts_bridge",
+                        "tier": tier or "auto",
+                    }
+                    for name, tier in MODELS.items()
+                ],
+            }
+        )
+
+    # speech
+
+    async def _body(self, request: web.Request) -> bytes:
+        limit = self.max_body_bytes
+        if request.content_length is not None and request.content_length > limit:
+            raise ApiRequestError("payload_too_large", f"the request is larger than {limit} bytes")
+        body = await request.content.read(limit + 1)
+        if len(body) > limit:
+            raise ApiRequestError("payload_too_large", f"the request is larger than {limit} bytes")
+        return body
+
+    async def _json(self, request: web.Request) -> dict[str, Any]:
+        body = await self._body(request)
+        try:
+            fields = json.loads(body.decode("utf-8"))
+        except UnicodeDecodeError:
+            raise ApiRequestError("invalid_utf8", "the request is not UTF-8") from None
+        except ValueError:
+            raise ApiRequestError("invalid_json", "the request is not valid JSON") from None
+        if not isinstance(fields, dict):
+            raise ApiRequestError("invalid_request", "the request must be a JSON object")
+        return fields
+
+    async def _openai_speech(self, request: web.Request) -> web.StreamResponse:
+        fields = await self._json(request)
+        voices = frozenset(v.name for v in self._pipeline.voices().voices)
+        return await self._answer(request, parse_openai(fields, voices))
+
+    async def _speak(self, request: web.Request) -> web.StreamResponse:
+        kind = request.content_type
+        if kind == "multipart/form-data":
+            if request.content_length is None or request.content_length > self.max_body_bytes:
+                raise ApiRequestError(
+                    "payload_too_large", f"the request is larger than {self.max_body_bytes} bytes"
+                )
+            form = await request.post()
+            fields: dict[str, Any] = {k: v for k, v in form.items() if isinstance(v, str)}
+        elif kind == "application/x-www-form-urlencoded":
+            body = await self._body(request)
+            try:
+                pairs = urllib.parse.parse_qsl(body.decode("utf-8"), keep_blank_values=True)
+            except UnicodeDecodeError:
+                raise ApiRequestError("invalid_utf8", "the request is not UTF-8") from None
+            fields = dict(pairs)
+        elif kind == "text/plain":
+            body = await self._body(request)
+            try:
+                fields = {**dict(request.query), "text": body.decode("utf-8")}
+            except UnicodeDecodeError:
+                raise ApiRequestError("invalid_utf8", "the request is not UTF-8") from None
+        else:
+            fields = await self._json(request)
+        return await self._answer(request, parse_speak(fields))
+
+    def _prepare(self, request: web.Request, speech: SpeechRequest) -> SpeechJob:
+        """The door's one call into the pipeline: validation (voice, text, limits) and
+        routing. The pipeline's per-door and per-peer fairness is to get this door's name
+        (DOOR) and the peer (request.remote) here once it takes them."""
+        options = {"speed": speech.speed} if speech.speed is not None else None
+        return self._pipeline.prepare(
+            new_id(),
+            speech.text,
+            voice=speech.voice,
+            lang=speech.lang,
+            options=options,
+            tier=speech.tier,
+            use_cache=speech.use_cache,
+            target=DOOR,
+        )
+
+    async def _answer(self, request: web.Request, speech: SpeechRequest) -> web.StreamResponse:
+        received = self._clock()
+        job = self._prepare(request, speech)
+        _LOGGER.info(
+            "HTTP speech request %s from %s (%s, %s, %s tier): %s",
+            job.id,
+            request.remote,
+            job.route.voice.name,
+            speech.container,
+            job.route.tier,
+            short(speech.text),
+        )
+        delivery = AsyncDelivery(asyncio.get_running_loop(), self._pipeline)
+        if not self._pipeline.submit(job, delivery.serve):
+            raise SpeechError("busy", self._pipeline.busy_message())
+        try:
+            if speech.stream and speech.container in STREAM_FORMATS:
+                response, complete = await self._stream(request, job, delivery, speech)
+                if not complete:
+                    return response  # counted as the error it was
+            else:
+                response = await self._whole(job, delivery, speech)
+        except (ConnectionError, asyncio.CancelledError):
+            _LOGGER.info("HTTP speech request %s: the client left before the end", job.id)
+            self._pipeline.count_error("client_gone", door=DOOR)
+            raise
+        finally:
+            delivery.abandon()  # a worker still rendering stops at its next part
+        latency_ms = round((self._clock() - received) * 1000, 1)
+        self._pipeline.count_answer(job.route.tier, latency_ms, door=DOOR)
+        return response
+
+    def _headers(self, job: SpeechJob, sample_rate: int) -> dict[str, str]:
+        return {
+            "Cache-Control": "no-store",
+            "X-TTS-Voice": job.route.voice.name,
+            "X-TTS-Tier": job.route.tier,
+            "X-TTS-Sample-Rate": str(sample_rate),
+        }
+
+    def _encoded(self, rendering: Rendering, fmt: AudioFormat) -> bytes:
+        """The answer in `fmt`: from the audio store when the same samples were encoded before
+        (an answer from the cache is the same samples), else encoded now and kept there."""
+        store = self._store
+        if store is not None:
+            try:
+                published = store.publish(rendering.pcm, rendering.sample_rate, fmt)
+                data = published.data or store.read(published)
+                if data is not None:
+                    return data
+            except OSError as exc:  # the store's folder: full, or not writable
+                _LOGGER.warning("Encoding without the audio store: %s", exc)
+        return encode(rendering.pcm, rendering.sample_rate, fmt).data
+
+    async def _whole(
+        self, job: SpeechJob, delivery: AsyncDelivery, speech: SpeechRequest
+    ) -> web.StreamResponse:
+        while True:
+            event = await delivery.next_event()
+            if isinstance(event, Finished):
+                break
+        rendering = event.rendering
+        container = speech.container
+        if container == "wav":  # the rendering's own WAV, sample for sample
+            data, content_type, rate = rendering.wav, "audio/wav", rendering.sample_rate
+        elif container == "pcm":
+            encoder = stream_encoder("pcm", rendering.sample_rate)
+            data = encoder.feed(rendering.pcm) + encoder.finish()
+            content_type, rate = encoder.content_type, encoder.sample_rate
+        else:
+            fmt = AudioFormat(cast(Container, container))
+            try:
+                # Off the loop: encoding is CPU work, and the store reads and writes files.
+                data = await asyncio.get_running_loop().run_in_executor(
+                    None, self._encoded, rendering, fmt
+                )
+            except EncodeError as exc:
+                raise SpeechError("encoding_failed", str(exc)) from exc
+            content_type, rate = fmt.content_type, fmt.output_rate(rendering.sample_rate)
+        headers = self._headers(job, rate)
+        headers["X-TTS-Cached"] = "true" if rendering.cached else "false"
+        return web.Response(body=data, content_type=content_type, headers=headers)
+
+    async def _stream(
+        self,
+        request: web.Request,
+        job: SpeechJob,
+        delivery: AsyncDelivery,
+        speech: SpeechRequest,
+    ) -> tuple[web.StreamResponse, bool]:
+        """The audio as it is made, and whether all of it went. The first part is awaited
+        before anything is sent, so a request refused by the engine still gets an error
+        status; a failure after that can only end the connection early (logged)."""
+        first = await delivery.next_event()
+        encoder = stream_encoder(cast(StreamFormat, speech.container), job.sample_rate)
+        response = web.StreamResponse(headers=self._headers(job, encoder.sample_rate))
+        response.content_type = encoder.content_type
+        response.enable_chunked_encoding()
+        await response.prepare(request)
+        event: AudioPart | Finished = first
+        await response.write(encoder.start())
+        try:
+            while not isinstance(event, Finished):
+                data = encoder.feed(event.pcm)
+                if data:
+                    await response.write(data)
+                event = await delivery.next_event()
+            await response.write(encoder.finish())
+        except SpeechError as exc:
+            # The status line went out with the first part: ending the connection early is
+            # the only way left to tell the client.
+            _LOGGER.error("HTTP speech request %s failed while streaming: %s", job.id, exc)
+            self._pipeline.count_error(exc.code, door=DOOR)
+            if request.transport is not None:
+                request.transport.close()  # the body ends without its last chunk: incomplete
+            return response, False
+        await response.write_eof()
+        return response, True
