@@ -261,10 +261,14 @@ def healthcheck_command() -> list[str]:
 
 
 def test_healthcheck_command_runs_against_a_real_broker(tmp_path: Path) -> None:
+    """The image's command as written; what it decides is in tests/test_health.py."""
     command = healthcheck_command()
     assert command[0] == "python"
     env = {k: v for k, v in os.environ.items() if not k.startswith("TTS_BRIDGE_")}
     env["PYTHONPATH"] = str(REPO_ROOT)
+    # Only the MQTT door here: the HTTP and Wyoming ports are this machine's defaults.
+    env["TTS_BRIDGE_HTTP__ENABLED"] = "false"
+    env["TTS_BRIDGE_WYOMING__ENABLED"] = "false"
     with LocalBroker(tmp_path / "broker") as broker:
         env["TTS_BRIDGE_MQTT__PORT"] = str(broker.port)
         # In the image python is the venv's; here it is this test's interpreter.
@@ -280,7 +284,29 @@ def test_healthcheck_command_runs_against_a_real_broker(tmp_path: Path) -> None:
             run, env=env, capture_output=True, text=True, timeout=60, check=False
         )
         assert healthy.returncode == 0, healthy.stdout + healthy.stderr
-        assert healthy.stdout.strip() == "healthy: bridge online"
+        assert healthy.stdout.strip() == "healthy: serving"
+
+
+def test_the_images_build_without_buildkit_and_offline() -> None:
+    """The legacy builder (Docker 20.10 without BuildKit) refuses BuildKit-only options, and a
+    `# syntax=` line makes BuildKit fetch its frontend from Docker Hub."""
+    addon_dockerfile = REPO_ROOT / "addon" / "tts_bridge" / "Dockerfile"
+    for path in (DOCKERFILE, addon_dockerfile):
+        text = path.read_text(encoding="utf-8")
+        assert not re.search(r"^#\s*syntax=", text, re.MULTILINE | re.IGNORECASE), path
+        assert not re.search(r"^\s*(COPY|ADD)\b[^\n]*--(chmod|link|checksum)", text, re.M), path
+        assert not re.search(r"^\s*RUN\s+--(mount|network|security)", text, re.MULTILINE), path
+        assert "<<" not in text, f"{path}: heredocs need BuildKit"
+    assert re.search(
+        r"^RUN chmod 0755 /usr/local/bin/tts-bridge-entrypoint$", DOCKERFILE.read_text(), re.M
+    )
+
+
+def test_compose_files_state_their_minimum_version() -> None:
+    for path in (COMPOSE, EXTERNAL):
+        text = path.read_text(encoding="utf-8")
+        assert "Docker Compose v2.3 or later" in text, path
+        assert "version:" not in yaml.safe_load(text), "the obsolete version key warns on v2"
 
 
 def _linter(name: str) -> str:
