@@ -317,9 +317,12 @@ def _linter(name: str) -> str:
     return found
 
 
-def test_hadolint_is_clean() -> None:
+@pytest.mark.parametrize(
+    "dockerfile", [DOCKERFILE, REPO_ROOT / "addon" / "tts_bridge" / "Dockerfile"], ids=str
+)
+def test_hadolint_is_clean(dockerfile: Path) -> None:
     done = subprocess.run(
-        [_linter("hadolint"), "--no-color", str(DOCKERFILE)],
+        [_linter("hadolint"), "--no-color", str(dockerfile)],
         capture_output=True,
         text=True,
         timeout=60,
