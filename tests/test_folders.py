@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -93,7 +94,7 @@ def test_a_read_only_folder_names_its_owner_and_mode(tmp_path: Path) -> None:
 def test_no_temporary_folder_at_all_is_a_clear_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(folders.tempfile, "tempdir", str(blocked(tmp_path, "tmp")))
+    monkeypatch.setattr(tempfile, "tempdir", str(blocked(tmp_path, "tmp")))
     settings = settings_with(tmp_path, cache=blocked(tmp_path, "cache"))
     with pytest.raises(folders.FolderError, match="no writable folder for the cache"):
         folders.prepare(settings, Degraded())

@@ -78,8 +78,8 @@ def prepare(settings: Settings, degraded: Degraded) -> Settings:
     if problem is not None:
         temporary = _temporary("cache")
         _LOGGER.warning(
-            "Cannot write the cache folder %s (%s; %s): the sentence cache%s lives in %s until "
-            "the bridge stops; %s",
+            "Cannot write the cache folder %s (%s; %s): keeping the sentence cache%s in %s "
+            "until the bridge stops; %s",
             cache_dir,
             problem.strerror,
             owner_text(cache_dir),
