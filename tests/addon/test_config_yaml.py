@@ -176,3 +176,11 @@ def test_a_committed_wheel_is_this_version() -> None:
     ).stdout.split()
     for wheel in (Path(p).name for p in tracked if p.endswith(".whl")):
         assert wheel.startswith(f"tts_bridge-{package_version()}-"), wheel
+
+
+def test_the_health_check_reads_the_config_file_the_addon_reads() -> None:
+    from tts_bridge.addon.options import CONFIG_FILE_NAME, SHARE_DIR
+
+    dockerfile = (ADDON / "Dockerfile").read_text(encoding="utf-8")
+    assert f"container_health(default_config=Path('{SHARE_DIR / CONFIG_FILE_NAME}'))" in dockerfile
+    assert 'ENTRYPOINT ["python", "-m", "tts_bridge.addon.start"]' in dockerfile
