@@ -91,10 +91,24 @@ def test_a_read_only_folder_names_its_owner_and_mode(tmp_path: Path) -> None:
     assert f"{cache} belongs to {os.getuid()}:{os.getgid()}, mode 0555" in folders.owner_text(cache)
 
 
+def test_without_a_temporary_folder_memory_is_the_last_resort(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read-only container without a tmpfs on /tmp still starts (on /dev/shm there)."""
+    monkeypatch.setattr(tempfile, "tempdir", str(blocked(tmp_path, "tmp")))
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    monkeypatch.setattr(folders, "LAST_RESORT", shm)
+    settings = settings_with(tmp_path, cache=blocked(tmp_path, "cache"))
+    prepared = folders.prepare(settings, Degraded())
+    assert prepared.cache.dir.parent == shm
+
+
 def test_no_temporary_folder_at_all_is_a_clear_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(tempfile, "tempdir", str(blocked(tmp_path, "tmp")))
+    monkeypatch.setattr(folders, "LAST_RESORT", blocked(tmp_path, "shm"))
     settings = settings_with(tmp_path, cache=blocked(tmp_path, "cache"))
     with pytest.raises(folders.FolderError, match="no writable folder for the cache"):
         folders.prepare(settings, Degraded())

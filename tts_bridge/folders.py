@@ -58,13 +58,22 @@ def _fix(folder: Path) -> str:
     )
 
 
+LAST_RESORT = Path("/dev/shm")
+"""Memory every container has writable, even with a read-only root and no tmpfs on /tmp; the
+cache treats it filling up like a full disk."""
+
+
 def _temporary(part: str) -> Path:
     try:
         return Path(tempfile.mkdtemp(prefix=f"tts_bridge-{part}-"))
     except OSError as exc:
+        problem = exc
+    try:
+        return Path(tempfile.mkdtemp(prefix=f"tts_bridge-{part}-", dir=LAST_RESORT))
+    except OSError:
         raise FolderError(
-            f"no writable folder for the {part}: {exc.strerror} (mount a writable volume, or a "
-            "tmpfs on /tmp for a read-only container)"
+            f"no writable folder for the {part}: {problem.strerror} (mount a writable volume, "
+            "or a tmpfs on /tmp for a read-only container)"
         ) from None
 
 
