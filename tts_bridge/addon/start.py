@@ -28,6 +28,7 @@ from tts_bridge.addon import options as addon_options
 from tts_bridge.addon.supervisor import MqttService, SupervisorClient, SupervisorError
 from tts_bridge.config import ConfigError, Settings, load_settings, merge_trees
 from tts_bridge.folders import FolderError
+from tts_bridge.wyoming.server import WyomingServer
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -147,8 +148,7 @@ def run(settings: Settings, client: SupervisorClient, stop: threading.Event) -> 
 
     service = app.build(settings)
     service.start()
-    wyoming = next((s for s in service.servers if type(s).__name__ == "WyomingServer"), None)
-    if wyoming is not None and getattr(wyoming, "serving", False):
+    if any(isinstance(s, WyomingServer) and s.serving for s in service.servers):
         announce(client, settings, socket.gethostname())
     while not stop.wait(1.0):
         pass
