@@ -15,7 +15,9 @@ from typing import Protocol
 
 import psutil
 
+from tts_bridge import folders
 from tts_bridge.config import Settings
+from tts_bridge.degraded import Degraded
 from tts_bridge.faults import is_storage_fault
 from tts_bridge.hardware import ThreadPlan
 from tts_bridge.mqtt import discovery
@@ -141,6 +143,7 @@ class Service:
         reports: Reports,
         servers: Sequence[Server] = (),
         voice_admin: VoiceAdmin | None = None,
+        degraded: Degraded | None = None,
     ) -> None:
         self.settings = settings
         self.pipeline = pipeline
@@ -152,6 +155,8 @@ class Service:
         self.reports = reports
         self.servers = list(servers)
         self.voice_admin = voice_admin
+        self.degraded = degraded if degraded is not None else Degraded()
+        """Parts off or reduced since start-up (folders, servers), for health."""
         self._stopped = False
 
     @property
@@ -175,6 +180,7 @@ class Service:
                 _LOGGER.error(
                     "%s did not start; serving without it: %s", type(server).__name__, exc
                 )
+                self.degraded.set(_server_part(server), f"did not start: {exc}")
         self.bridge.start()
 
     def reload_voices(self) -> None:
@@ -198,6 +204,10 @@ class Service:
         if self.bridge.journal is not None:
             self.bridge.journal.close()
         _LOGGER.info("Stopped")
+
+
+def _server_part(server: Server) -> str:
+    return {WyomingServer: "wyoming", AudioServer: "http"}.get(type(server), type(server).__name__)
 
 
 def build_audio_server(settings: Settings) -> AudioServer | None:
@@ -255,6 +265,9 @@ def build(
 ) -> Service:
     """The whole service from `settings` (`synthesizer` and `connection` may be given, as
     tests do; by default they are built here)."""
+    degraded = Degraded()
+    # Before anything opens a folder: an unwritable one is one log line, not a traceback.
+    settings = folders.prepare(settings, degraded)
     plan = plan if plan is not None else thread_plan(settings)
     synth = synthesizer if synthesizer is not None else build_synthesizer(settings, plan)
     pipeline = build_pipeline(settings, synth, plan.synthesis_concurrency, plan.idle_nice)
@@ -267,6 +280,8 @@ def build(
         connection = MqttConnection(settings.mqtt, will)
     outbox = Outbox(settings, connection)
     audio_server = build_audio_server(settings)
+    if settings.http.enabled and audio_server is None:
+        degraded.set("http", "the HTTP audio server is off (see the log)")
     say = SayFrontEnd(settings, outbox, pipeline, journal, AudioDelivery(settings, audio_server))
     hermes = HermesFrontEnd(settings, outbox, pipeline)
     bridge: Bridge | None = None
@@ -274,11 +289,12 @@ def build(
         settings,
         outbox,
         pipeline,
-        lambda: bridge.faults() if bridge else {},
+        lambda: _faults(bridge, degraded, synth, connection),
         configuration_url=lambda: status_url(audio_server),
     )
     wyoming = WyomingServer(settings, pipeline)
     if audio_server is not None:
+        audio_server.health_report = reports.health
         audio_server.status_page = lambda: status_page.render(
             discovery.DEVICE_NAME,
             reports.info(),
@@ -333,4 +349,18 @@ def build(
         reports=reports,
         servers=servers,
         voice_admin=voice_admin,
+        degraded=degraded,
     )
+
+
+def _faults(
+    bridge: Bridge | None, degraded: Degraded, synth: Synthesizer, connection: Connection
+) -> dict[str, object]:
+    """The bridge's fault counts and the health status: ok, or degraded with the reasons."""
+    found = bridge.faults() if bridge is not None else {}
+    live = {
+        "cache": synth.cache.degraded and f"cannot be written ({synth.cache.degraded})",
+        "journal": found.get("journal_degraded") and f"{found['journal_degraded']}",
+        "mqtt": None if connection.connected.is_set() else "not connected to the broker",
+    }
+    return {**found, **degraded.report(live)}

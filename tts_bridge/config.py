@@ -753,11 +753,12 @@ def _env_overrides(environ: Mapping[str, str]) -> tuple[dict[str, Any], dict[tup
     return tree, sources
 
 
-def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+def merge_trees(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    """``base`` with ``over`` laid on top: sections merge key by key, other values replace."""
     out = dict(base)
     for key, value in over.items():
         if isinstance(value, Mapping) and isinstance(out.get(key), dict):
-            out[key] = _merge(out[key], value)
+            out[key] = merge_trees(out[key], value)
         else:
             out[key] = value
     return out
@@ -871,8 +872,10 @@ def load_settings(
     path: Path | None = None,
     overrides: Mapping[str, Any] | None = None,
     environ: Mapping[str, str] | None = None,
+    base: Mapping[str, Any] | None = None,
 ) -> Settings:
-    """Build the settings: defaults < YAML file < TTS_BRIDGE_* environment < flag overrides."""
+    """Build the settings: defaults < ``base`` < YAML file < TTS_BRIDGE_* environment < flag
+    overrides. ``base`` is a settings tree that a launcher supplies (the add-on's options)."""
     data: dict[str, Any] = {}
     environ = os.environ if environ is None else environ
     if path is None and environ.get(ENV_PREFIX + "CONFIG"):
@@ -891,6 +894,8 @@ def load_settings(
         if not isinstance(loaded, dict):
             raise ConfigError(f"config file {path}: the top level must be a mapping of keys")
         data = loaded
+    if base:
+        data = merge_trees(base, data)
     env_tree, env_sources = _env_overrides(environ)
     overrides = overrides or {}
     if "voices" not in data and "voices" in env_tree:
@@ -899,8 +904,8 @@ def load_settings(
             name: voice.model_dump(exclude_defaults=True)
             for name, voice in _default_voices().items()
         }
-    data = _merge(data, env_tree)
-    data = _merge(data, overrides)
+    data = merge_trees(data, env_tree)
+    data = merge_trees(data, overrides)
     data = _with_voices_file(data)
     try:
         settings = Settings.model_validate(data)

@@ -5,8 +5,8 @@ commands) can run one check on its own. ``run_doctor`` runs them in the order a 
 a silent speaker: the machine and the thread plan, the broker, the cache and its disk, then each
 voice's model and a one-sentence timing through its engine.
 
-``container_health`` is the Docker health check: it asks the broker for the bridge's retained
-state, which the bridge sets to online on every connect and its Last Will sets to offline.
+``container_health`` is the Docker health check: healthy, degraded (serving without some part,
+exit status 0) or unhealthy (serving nothing, 1).
 """
 
 from __future__ import annotations
@@ -260,11 +260,13 @@ def container_health(
     default_config: Path = CONTAINER_CONFIG,
     timeout_s: float = 3.0,
 ) -> int:
-    """Docker HEALTHCHECK: 0 when the broker holds ``online`` as the bridge's state, else 1.
+    """Docker HEALTHCHECK: 0 while the bridge serves (``healthy``, or ``degraded`` with the
+    parts that are off and why), 1 only when it serves nothing.
 
-    The retained state is what Home Assistant and the speakers rely on too: the bridge sets it
-    on every connect, its Last Will sets ``offline`` when its connection dies (a crash, or a hang
-    that stops its keepalive), and it cannot be faked by a process that merely still exists.
+    The bridge's own report at ``/health`` on its HTTP port is asked first: it knows every part
+    (cache, journal, broker, servers). Without an answer there, the Wyoming server is asked to
+    describe itself and the broker for the bridge's retained state (online on every connect,
+    offline by its Last Will): a process that merely exists proves nothing, since it is PID 1.
     The settings are read as docker/entrypoint.sh reads them.
     """
     env = dict(os.environ if environ is None else environ)
@@ -275,15 +277,78 @@ def container_health(
     except ConfigError as exc:
         print(f"unhealthy: {exc}")
         return 1
+    problems: dict[str, str] = {}
+    if settings.http.enabled:
+        report, why = _http_health(settings.http.port, timeout_s)
+        if report is not None:
+            return _print_status(report)
+        problems["http"] = why
+    serving = []
+    if settings.wyoming.enabled:
+        problem = _wyoming_problem(settings.wyoming.port, timeout_s)
+        if problem is None:
+            serving.append("wyoming")
+        else:
+            problems["wyoming"] = problem
     answer = probe_broker(settings.mqtt, timeout_s, state_wait_s=timeout_s)
     if not answer.connected:
-        print(f"unhealthy: broker {broker_url(settings.mqtt)}: {answer.problem}")
+        problems["mqtt"] = f"broker {broker_url(settings.mqtt)}: {answer.problem}"
+    elif answer.bridge_state != "online":
+        problems["mqtt"] = f"bridge state is {answer.bridge_state or 'not published'}"
+    else:
+        serving.append("mqtt")
+    if not serving:
+        print("unhealthy: " + "; ".join(f"{part}: {why}" for part, why in problems.items()))
         return 1
-    if answer.bridge_state != "online":
-        print(f"unhealthy: bridge state is {answer.bridge_state or 'not published'}")
-        return 1
-    print("healthy: bridge online")
+    return _print_status({"status": "degraded" if problems else "ok", "degraded": problems})
+
+
+def _print_status(report: dict[str, Any]) -> int:
+    degraded = report.get("degraded") or {}
+    if report.get("status") == "ok" and not degraded:
+        print("healthy: serving")
+    else:
+        print("degraded: " + "; ".join(f"{part}: {why}" for part, why in degraded.items()))
     return 0
+
+
+def _local_host() -> str:
+    return "127.0.0.1"
+
+
+def _http_health(port: int, timeout_s: float) -> tuple[dict[str, Any] | None, str]:
+    """The bridge's /health report, or None and why there is none."""
+    import urllib.error
+    import urllib.request
+
+    url = f"http://{_local_host()}:{port}/health"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as response:
+            report = json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return None, f"{url}: HTTP {exc.code}"
+    except (OSError, ValueError) as exc:
+        return None, f"{url}: {getattr(exc, 'reason', exc)}"
+    if not isinstance(report, dict) or "status" not in report:
+        return None, f"{url}: not a health report"
+    return report, ""
+
+
+def _wyoming_problem(port: int, timeout_s: float) -> str | None:
+    """None when the Wyoming server answers ``describe`` with ``info``, else why not."""
+    try:
+        with socket.create_connection((_local_host(), port), timeout=timeout_s) as sock:
+            sock.sendall(b'{"type": "describe"}\n')
+            line = sock.makefile("rb").readline(65536)
+    except OSError as exc:
+        return f"port {port}: {exc.strerror or exc}"
+    try:
+        event = json.loads(line)
+    except ValueError:
+        return f"port {port}: no Wyoming answer"
+    if not isinstance(event, dict) or event.get("type") != "info":
+        return f"port {port}: answered {str(event)[:60]!r} to describe"
+    return None
 
 
 # -- the cache and its disk --------------------------------------------------------------------

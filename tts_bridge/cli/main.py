@@ -616,11 +616,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_CONFIG
     _setup_logging(settings, args.debug)
     from tts_bridge.engines.base import EngineError
+    from tts_bridge.folders import FolderError
     from tts_bridge.mqtt.journal import JournalError
 
     try:
         return int(args.func(args, settings))
     except (EngineError, _UsageError) as exc:  # a model, manifest or argument problem
+        print(f"tts-bridge: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    except FolderError as exc:  # not even a temporary folder can be written
         print(f"tts-bridge: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     except JournalError as exc:  # e.g. another bridge already runs on this journal

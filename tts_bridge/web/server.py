@@ -5,9 +5,10 @@ It runs aiohttp on its own thread and event loop, so the thread-based service ne
 network and the network never waits for encoding: publish() encodes on the caller's thread, and
 the loop only streams files. GET and HEAD are served with byte ranges (aiohttp's FileResponse:
 206, 416, Accept-Ranges, Content-Length), which Sonos and Cast use. ``/audio/<token>.<extension>``
-and, when the service gives one, the status page at ``/`` exist, with the routes the service adds
-(`Routes`: the speech API, metrics); any other path, and any token the store does not hold, is a
-404 (path tricks included: a name is exactly a token and an extension, never a path).
+and, when the service gives one, the status page at ``/`` and the health report at ``/health``
+(JSON, for the container's health check) exist, with the routes the service adds (`Routes`: the
+speech API, metrics); any other path, and any token the store does not hold, is a 404 (path
+tricks included: a name is exactly a token and an extension, never a path).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -32,6 +33,7 @@ from tts_bridge.audio import duration_ms, encode
 from tts_bridge.config import HttpSettings, Settings
 from tts_bridge.formats import AudioFormat
 from tts_bridge.web.audio_store import AudioStore
+from tts_bridge.wire import encode_json
 
 _LOGGER = logging.getLogger(__name__)
 _ROUTE_PREFIX = "/audio/"
@@ -93,6 +95,8 @@ class AudioServer:
         a worker thread of the server's loop, so it may take locks."""
         self.settings = settings
         self.status_page = status_page
+        self.health_report: Callable[[], dict[str, Any]] | None = None
+        """The bridge's health (``status`` ok or degraded, with the reasons) at /health."""
         self.store = store
         self._clock = clock
         self._thread: threading.Thread | None = None
@@ -163,6 +167,7 @@ class AudioServer:
         app.router.add_get("/", self._handle_status)
         for routes in self.routes:
             routes.register(app)
+        app.router.add_get("/health", self._handle_health)
         # No access log: URLs are secrets, and a speaker's range requests would flood it.
         runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await runner.setup()
@@ -225,6 +230,17 @@ class AudioServer:
             text=page,
             content_type="text/html",
             charset="utf-8",
+            headers={"Cache-Control": "no-store"},
+        )
+
+    async def _handle_health(self, request: web.Request) -> web.StreamResponse:
+        report = self.health_report
+        if report is None:
+            raise web.HTTPNotFound()
+        body = await asyncio.get_running_loop().run_in_executor(None, report)
+        return web.Response(
+            body=encode_json(body),
+            content_type="application/json",
             headers={"Cache-Control": "no-store"},
         )
 
