@@ -243,6 +243,13 @@ class SynthesisSettings(_Section):
     date_order: Literal["dmy", "mdy"] = "dmy"
     """How a numeric date is read when both orders are valid: "1/12" is 1 December (dmy) or
     January 12th (mdy)."""
+    loudness_lufs: float | None = Field(-18.0, ge=-40.0, le=-5.0)
+    """Integrated loudness (ITU BS.1770, LUFS) every sentence is brought to before it is
+    cached, whatever voice or tier speaks it; empty = as each engine makes it. -18 is close to
+    what streaming services and broadcasters give speech and leaves headroom for peaks."""
+    true_peak_dbtp: float = Field(-1.0, ge=-12.0, le=0.0)
+    """Ceiling for the true (inter-sample) peak after loudness normalization, in dBTP: a
+    sentence that would pass it is made quieter instead of clipped."""
 
     @field_validator("onnx_spinning", mode="before")
     @classmethod
@@ -465,6 +472,9 @@ class TargetSettings(_Section):
     """What <base>/audio/<target> carries: the audio itself, or a small JSON message with the
     answer's URL (url, id, duration_ms, format) for devices that fetch it (ESP32 notifiers,
     whose MQTT clients take messages under 64 KiB)."""
+    gain_db: float = Field(0.0, ge=-30.0, le=20.0)
+    """Gain on top of synthesis.loudness_lufs for this target's speaker (a quiet or loud
+    speaker), applied when the audio is delivered; the cache keeps the normalized audio."""
 
     @model_validator(mode="after")
     def _check_format(self) -> TargetSettings:

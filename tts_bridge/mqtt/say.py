@@ -12,6 +12,7 @@ refuses the request's audio (an ACL), the answer is the error `not_authorized`.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -35,6 +36,7 @@ from tts_bridge.mqtt.protocol import (
     ok_response,
     parse_say,
 )
+from tts_bridge.speech.loudness import apply_gain
 from tts_bridge.speech.pipeline import Pipeline, SpeechError, SpeechJob
 from tts_bridge.speech.synthesis import AudioPart, SentenceAudio
 from tts_bridge.textlog import short
@@ -229,12 +231,22 @@ class SayFrontEnd(MqttFrontEnd):
         pieces: list[SentenceAudio] = []
         delivery = Delivery()
 
+        target = self._settings.targets.get(request.target)
+        gain_db = target.gain_db if target is not None else 0.0
+
         def on_part(part: AudioPart) -> None:  # out as soon as it is made
+            if gain_db:
+                part = dataclasses.replace(part, pcm=apply_gain(part.pcm, gain_db))
             self._outbox.stream_part(request.target, flags, part, job.sample_rate, delivery)
 
         try:
             rendering = self._pipeline.render(
-                job, on_sentence=pieces.append, on_part=on_part if request.stream else None
+                job,
+                on_sentence=lambda piece: pieces.append(
+                    dataclasses.replace(piece, pcm=apply_gain(piece.pcm, gain_db))
+                ),
+                on_part=on_part if request.stream else None,
+                volume=10 ** (gain_db / 20) if gain_db else None,
             )
         except SpeechError as exc:
             self._refuse(request.id, exc.code, str(exc), reply, request.target, closing)

@@ -30,6 +30,7 @@ from tts_bridge.engines.base import (
 )
 from tts_bridge.engines.registry import BackendFallbackError, EnginePool, Voice
 from tts_bridge.speech.cache import CacheKey, SentenceCache
+from tts_bridge.speech.loudness import LoudnessNormalizer, apply_gain
 from tts_bridge.speech.metrics import Metrics
 from tts_bridge.speech.routing import CostEstimator
 from tts_bridge.text.english import for_english_voice
@@ -195,6 +196,12 @@ class Synthesizer:
         self.stats = EngineStats()
         self.metrics: Metrics | None = None
         """Where cache lookups and synthesis times are counted, when the service has metrics."""
+        self.loudness = LoudnessNormalizer(
+            settings.synthesis.loudness_lufs, settings.synthesis.true_peak_dbtp
+        )
+        self._recent_gain: dict[str, float] = {}
+        """Per voice, the last sentence's loudness gain: what the parts of a sentence streamed
+        before its end are scaled by (its own gain is known only once it is complete)."""
 
     def front_text(self, engine: Engine, sentence: str) -> str:
         """The sentence as the engine's phonemizer needs it (its `front_end`, see
@@ -217,7 +224,24 @@ class Synthesizer:
             speaker=voice.speaker,
             options=tuple(sorted(options.cache_fields().items())),
             sample_rate=voice.engine.sample_rate,
+            loudness=self.loudness.cache_field(),
         )
+
+    def _normalized(self, voice: Voice, pcm: audio.Int16Audio) -> audio.Int16Audio:
+        """A new sentence at the bridge's loudness (what is cached and answered)."""
+        if not self.loudness.enabled or pcm.size == 0:
+            return pcm
+        pcm, gain = self.loudness.normalize(pcm, voice.engine.sample_rate)
+        self._recent_gain[voice.name] = gain
+        return pcm
+
+    def _part_pcm(self, voice: Voice, chunk: FloatAudio, *, whole: bool) -> audio.Int16Audio:
+        """A streamed part: the whole sentence at its own loudness, or a piece of one at the
+        voice's recent gain (the sentence's own is known only once it is complete)."""
+        pcm = audio.to_pcm16(chunk)
+        if whole:
+            return self._normalized(voice, pcm)
+        return apply_gain(pcm, self._recent_gain.get(voice.name, 0.0))
 
     def options_for(
         self, voice: Voice, overrides: Mapping[str, object] | None = None
@@ -319,7 +343,8 @@ class Synthesizer:
         def release(chunk: FloatAudio, last: bool) -> None:
             nonlocal sent
             if on_part is not None:
-                on_part(AudioPart(sent, index, audio.to_pcm16(chunk), cached=False, last=last))
+                pcm = self._part_pcm(voice, chunk, whole=last and sent == 0)
+                on_part(AudioPart(sent, index, pcm, cached=False, last=last))
             sent += 1
 
         # Closed explicitly: a streaming engine holds its lock between chunks, so a failure
@@ -351,9 +376,10 @@ class Synthesizer:
             return self.sentence(voice, index, text, options, use_cache, on_part=on_part)
         release(held if held is not None else np.zeros(0, dtype=np.float32), last=True)
         elapsed = time.perf_counter() - started
-        if exact is not None:
-            chunks = [exact]
-        pcm = audio.to_pcm16(np.concatenate(chunks)) if chunks else audio.silence(1, 0)
+        chunks = [exact] if exact is not None else chunks
+        pcm = self._normalized(
+            voice, audio.to_pcm16(np.concatenate(chunks)) if chunks else audio.silence(1, 0)
+        )
         self._account(voice, len(text), elapsed, pcm, stages)
         if pcm.size and use_cache:
             self.cache.put(key, pcm, voice.tier, voice.engine.identity)
@@ -552,7 +578,7 @@ class Synthesizer:
         if pcm.size == 0:
             raise RequestError("nothing_speakable", "the voice produced no audio for this text")
         if volume is not None and volume != 1.0:  # after the cache: it stores full-scale audio
-            pcm = np.asarray(np.round(pcm * volume), dtype="<i2")
+            pcm = np.asarray(np.clip(np.round(pcm * volume), -32768, 32767), dtype="<i2")
         return Rendering(
             wav=audio.encode_wav(pcm, sample_rate),
             sample_rate=sample_rate,
@@ -627,7 +653,10 @@ class Synthesizer:
                 _LOGGER.exception("Engine %s failed", engine.identity)
                 raise EngineError(f"{engine.name} failed: {type(exc).__name__}") from exc
             elapsed = time.perf_counter() - started
-            pcms = [audio.to_pcm16(clip) if clip.size else audio.silence(1, 0) for clip in clips]
+            pcms = [
+                self._normalized(voice, audio.to_pcm16(clip)) if clip.size else audio.silence(1, 0)
+                for clip in clips
+            ]
             self.stats.add(engine.identity, elapsed, sum(p.size for p in pcms) / engine.sample_rate)
             for (index, _), pcm in zip(together, pcms, strict=True):
                 if pcm.size:
