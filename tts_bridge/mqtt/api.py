@@ -74,6 +74,9 @@ class BridgeApi(MqttFrontEnd):
             "cache/clear": lambda _: {"removed": synth.cache.clear()},
             "prerender": self._prerender,
             "default_voice": self._default_voice,
+            "chimes": lambda _: {
+                "chimes": [{"name": c.name, "source": c.source} for c in synth.chimes.list()]
+            },
         }
 
     def subscriptions(self) -> list[str]:

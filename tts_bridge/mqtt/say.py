@@ -38,7 +38,7 @@ from tts_bridge.mqtt.protocol import (
 )
 from tts_bridge.speech.loudness import apply_gain
 from tts_bridge.speech.pipeline import Pipeline, SpeechError, SpeechJob
-from tts_bridge.speech.synthesis import AudioPart, SentenceAudio
+from tts_bridge.speech.synthesis import Announcement, AudioPart, SentenceAudio
 from tts_bridge.textlog import short
 from tts_bridge.web.delivery import AudioDelivery, Delivered, DeliveryError, link_message
 from tts_bridge.wire import encode_json
@@ -135,7 +135,13 @@ class SayFrontEnd(MqttFrontEnd):
         try:
             request = parse_say(target, payload, self._settings.limits)
             _LOGGER.info("Request %s for %s: %s", request.id, target, short(request.text))
-            plan = self._pipeline.check(request.text, request.voice, request.lang, request.options)
+            plan = self._pipeline.check(
+                request.text,
+                request.voice,
+                request.lang,
+                request.options,
+                self._announcement(request),
+            )
             # Again with the speed the voice renders at (its own default may be slow).
             check_audio_seconds(
                 " ".join(plan.sentences), plan.options.speed, self._settings.limits, request.id
@@ -179,6 +185,15 @@ class SayFrontEnd(MqttFrontEnd):
             force=message is None,
         ):
             self._refuse(request.id, "busy", self._pipeline.busy_message(), reply, target, closing)
+
+    def _announcement(self, request: SayRequest) -> Announcement:
+        target = self._settings.targets.get(request.target)
+        return Announcement(
+            chime=request.chime,
+            chime_after=request.chime_after,
+            default_chime=target.chime if target is not None else None,
+            default_chime_after=target.chime_after if target is not None else None,
+        )
 
     def _journal_accept(
         self, message: IncomingMessage, request: SayRequest, reply: ReplyTo
@@ -273,7 +288,7 @@ class SayFrontEnd(MqttFrontEnd):
                     request.target,
                     audio,
                     flags,
-                    lambda: self._pipeline.sentence_parts(pieces, rendering.sample_rate),
+                    lambda: self._pipeline.sentence_parts(pieces, rendering),
                     rendering.sample_rate,
                     delivery=delivery,
                     content_type=content_type,

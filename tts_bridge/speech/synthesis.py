@@ -30,6 +30,7 @@ from tts_bridge.engines.base import (
 )
 from tts_bridge.engines.registry import BackendFallbackError, EnginePool, Voice
 from tts_bridge.speech.cache import CacheKey, SentenceCache
+from tts_bridge.speech.chimes import ChimeError, ChimeLibrary
 from tts_bridge.speech.loudness import LoudnessNormalizer, apply_gain
 from tts_bridge.speech.metrics import Metrics
 from tts_bridge.speech.routing import CostEstimator
@@ -79,25 +80,43 @@ class AudioPart:
     last: bool
 
 
+@dataclass(frozen=True)
+class StreamLayout:
+    """What an answer has around and between its sentences: before each sentence its pause (the
+    first sentence's is the chime and its gap, if any), after the last one the closing chime."""
+
+    before: tuple[audio.Int16Audio, ...]
+    after: audio.Int16Audio
+
+    def join(self, pieces: Sequence[audio.Int16Audio]) -> audio.Int16Audio:
+        parts: list[audio.Int16Audio] = []
+        for index, pcm in enumerate(pieces):
+            parts += [self.before[index], pcm]
+        parts.append(self.after)
+        return np.concatenate(parts) if parts else audio.silence(1, 0)
+
+
 class StreamNumbering:
     """Parts of successive sentences -> the request's stream messages: `seq` 0, 1, 2, ... across
-    the request, `last` only on the last sentence's final part, and the sentence pause at the
-    start of the first part of every sentence after the first, so that the messages joined are
-    the one-WAV answer sample for sample."""
+    the request, `last` only on the last sentence's final part, what the layout puts before a
+    sentence at the start of its first part and what it puts after the last sentence at the end
+    of its final part, so that the messages joined are the one-WAV answer sample for sample."""
 
     def __init__(
-        self, on_part: Callable[[AudioPart], None], sentences: int, pause: audio.Int16Audio
+        self, on_part: Callable[[AudioPart], None], sentences: int, layout: StreamLayout
     ) -> None:
         self._on_part = on_part
         self._sentences = sentences
-        self._pause = pause
+        self._layout = layout
         self._next = 0
 
     def __call__(self, part: AudioPart) -> None:
         pcm = part.pcm
-        if part.seq == 0 and part.sentence > 0 and self._pause.size:
-            pcm = np.concatenate([self._pause, pcm])
+        before = self._layout.before[part.sentence] if part.seq == 0 else None
         last = part.last and part.sentence == self._sentences - 1
+        after = self._layout.after if last else None
+        if (before is not None and before.size) or (after is not None and after.size):
+            pcm = np.concatenate([x for x in (before, pcm, after) if x is not None])
         self._on_part(dataclasses.replace(part, seq=self._next, pcm=pcm, last=last))
         self._next += 1
 
@@ -121,6 +140,8 @@ class Rendering:
     Chinese sentence in an English voice's request); empty when `voice` spoke them all."""
     pcm: audio.Int16Audio = field(default_factory=lambda: audio.silence(1, 0), repr=False)
     """The samples of `wav` (what other formats are encoded from)."""
+    layout: StreamLayout | None = field(default=None, repr=False)
+    """Pauses and chimes around the sentences (for `Synthesizer.sentence_parts`)."""
 
     @property
     def cached(self) -> bool:
@@ -157,6 +178,27 @@ class Plan:
     others: tuple[Voice | None, ...] = ()
     """Per sentence, the voice that speaks it instead of the rendering voice because that one
     does not speak its language (None: the rendering voice); empty when there is none."""
+    chime: str | None = None
+    """The chime before the speech."""
+    chime_after: str | None = None
+    """The chime after the speech."""
+    gaps_ms: tuple[int, ...] = ()
+    """Silence before each sentence and after the last (len(sentences) + 1; SSML breaks);
+    empty = the configured sentence pause between sentences."""
+    rates: tuple[float, ...] = ()
+    """Per sentence, a factor on the speed (SSML prosody rate); empty = 1 for all."""
+
+
+@dataclass(frozen=True)
+class Announcement:
+    """How a request is presented beyond its words: chimes (a name, "" for none, None for the
+    default: the preset's, else the door's `default_chime`)."""
+
+    chime: str | None = None
+    chime_after: str | None = None
+    default_chime: str | None = None
+    """The say target's chime (targets.<t>.chime)."""
+    default_chime_after: str | None = None
 
 
 class EngineStats:
@@ -199,6 +241,7 @@ class Synthesizer:
         self.loudness = LoudnessNormalizer(
             settings.synthesis.loudness_lufs, settings.synthesis.true_peak_dbtp
         )
+        self.chimes = ChimeLibrary(settings.chimes, self.loudness)
         self._recent_gain: dict[str, float] = {}
         """Per voice, the last sentence's loudness gain: what the parts of a sentence streamed
         before its end are scaled by (its own gain is known only once it is complete)."""
@@ -443,11 +486,21 @@ class Synthesizer:
             _LOGGER.exception("Engine %s failed to load", engine.identity)
             raise EngineError(f"{engine.name} failed to load: {type(exc).__name__}") from exc
 
-    def sentence_parts(self, pieces: Sequence[SentenceAudio], sample_rate: int) -> list[AudioPart]:
+    def sentence_parts(
+        self,
+        pieces: Sequence[SentenceAudio],
+        sample_rate: int,
+        layout: StreamLayout | None = None,
+    ) -> list[AudioPart]:
         """Whole sentences as the stream messages `render_plan` would have sent for engines
-        that make each sentence in one chunk (one message per sentence)."""
+        that make each sentence in one chunk (one message per sentence); `layout` is the
+        rendering's (pauses and chimes), by default the sentence pause alone."""
         parts: list[AudioPart] = []
-        numbering = StreamNumbering(parts.append, len(pieces), self._pause(sample_rate))
+        if layout is None:
+            pause = self._pause(sample_rate)
+            before = tuple(pause if i else audio.silence(1, 0) for i in range(len(pieces)))
+            layout = StreamLayout(before, audio.silence(1, 0))
+        numbering = StreamNumbering(parts.append, len(pieces), layout)
         for piece in pieces:
             numbering(AudioPart(0, piece.index, piece.pcm, piece.cached, last=True))
         return parts
@@ -461,12 +514,51 @@ class Synthesizer:
         voice_name: str | None,
         lang: str | None,
         options: Mapping[str, object] | None = None,
+        announcement: Announcement | None = None,
     ) -> Plan:
-        """Check a request cheaply (no model): the voice, the text, the language, the options.
+        """Check a request cheaply (no model): the voice (or preset), the text, the language,
+        the options, the chimes.
 
         Raises UnknownVoiceError or RequestError.
         """
-        voice = self.engines.voice(voice_name)
+        plan = self._validate_speech(text, voice_name, lang, options)
+        chime, after = self._chimes_for(voice_name, announcement or Announcement())
+        if chime or after:
+            plan = dataclasses.replace(plan, chime=chime, chime_after=after)
+        return plan
+
+    def _chimes_for(
+        self, voice_name: str | None, announcement: Announcement
+    ) -> tuple[str | None, str | None]:
+        """The request's chimes: its own, else its preset's, else its target's ("" = none)."""
+        preset = self._settings.presets.get(voice_name) if voice_name else None
+        chosen: list[str | None] = []
+        for own, of_preset, default in (
+            (announcement.chime, preset.chime if preset else None, announcement.default_chime),
+            (
+                announcement.chime_after,
+                preset.chime_after if preset else None,
+                announcement.default_chime_after,
+            ),
+        ):
+            name = next((n for n in (own, of_preset, default) if n is not None), None)
+            if name:
+                try:
+                    self.chimes.check(name)
+                except ChimeError as exc:
+                    raise RequestError(exc.code, str(exc)) from None
+            chosen.append(name or None)
+        return chosen[0], chosen[1]
+
+    def _validate_speech(
+        self,
+        text: str,
+        voice_name: str | None,
+        lang: str | None,
+        options: Mapping[str, object] | None,
+    ) -> Plan:
+        preset = self._settings.presets.get(voice_name) if voice_name else None
+        voice = self.engines.voice(preset.voice if preset is not None else voice_name)
         sentences = prepare_text(text, self._settings.limits.max_text_chars)
         if lang is not None:  # asked for: the whole text, by this voice
             self._check_language(voice, lang)
@@ -551,11 +643,11 @@ class Synthesizer:
         `sentence`): the rendering has the exact audio."""
         options = self.options_for_plan(voice, plan)
         sample_rate = voice.engine.sample_rate
-        pause = self._pause(sample_rate)
+        layout = self.layout(plan, sample_rate)
         numbering = (
-            StreamNumbering(on_part, len(plan.sentences), pause) if on_part is not None else None
+            StreamNumbering(on_part, len(plan.sentences), layout) if on_part is not None else None
         )
-        parts: list[audio.Int16Audio] = []
+        pieces: list[audio.Int16Audio] = []
         cached = 0
         started = time.perf_counter()
         for index, sentence in enumerate(plan.sentences):
@@ -567,16 +659,15 @@ class Synthesizer:
                 if numbering is not None:
                     numbering(AudioPart(0, index, piece.pcm, piece.cached, last=True))
             else:
-                piece = self.sentence(voice, index, sentence, options, use_cache, on_part=numbering)
+                at_rate = _at_rate(options, plan.rates[index] if plan.rates else 1.0)
+                piece = self.sentence(voice, index, sentence, at_rate, use_cache, on_part=numbering)
             cached += piece.cached
             if on_sentence is not None:
                 on_sentence(piece)
-            if parts and pause.size:
-                parts.append(pause)
-            parts.append(piece.pcm)
-        pcm = np.concatenate(parts) if parts else audio.silence(sample_rate, 0)
-        if pcm.size == 0:
+            pieces.append(piece.pcm)
+        if not any(p.size for p in pieces):
             raise RequestError("nothing_speakable", "the voice produced no audio for this text")
+        pcm = layout.join(pieces)
         if volume is not None and volume != 1.0:  # after the cache: it stores full-scale audio
             pcm = np.asarray(np.clip(np.round(pcm * volume), -32768, 32767), dtype="<i2")
         return Rendering(
@@ -591,14 +682,37 @@ class Synthesizer:
             synth_seconds=time.perf_counter() - started,
             sentence_voices=tuple((o or voice).name for o in plan.others),
             pcm=pcm,
+            layout=layout,
         )
+
+    def layout(self, plan: Plan, sample_rate: int) -> StreamLayout:
+        """The plan's pauses and chimes at `sample_rate` (raises RequestError for a chime file
+        that does not decode)."""
+        count = len(plan.sentences)
+        if plan.gaps_ms:
+            gaps = [audio.silence(sample_rate, ms) for ms in plan.gaps_ms]
+        else:
+            pause = self._pause(sample_rate)
+            gaps = [audio.silence(1, 0), *([pause] * max(count - 1, 0)), audio.silence(1, 0)]
+        gap = audio.silence(sample_rate, self._settings.chimes.gap_ms)
+        try:
+            if plan.chime:
+                gaps[0] = np.concatenate([self.chimes.pcm(plan.chime, sample_rate), gap, gaps[0]])
+            if plan.chime_after:
+                after = self.chimes.pcm(plan.chime_after, sample_rate)
+                gaps[-1] = np.concatenate([gaps[-1], gap, after])
+        except ChimeError as exc:
+            raise RequestError(exc.code, str(exc)) from None
+        return StreamLayout(tuple(gaps[:count]), gaps[count])
 
     def _sentence_by(
         self, other: Voice, plan: Plan, index: int, *, sample_rate: int, use_cache: bool
     ) -> SentenceAudio:
         """A sentence spoken by another voice than the request's, at the request's rate (one
         part when streamed: resampled whole, so the stream joins to the one-WAV answer)."""
-        options = self.options_for_plan(other, plan)
+        options = _at_rate(
+            self.options_for_plan(other, plan), plan.rates[index] if plan.rates else 1.0
+        )
         piece = self.sentence(other, index, plan.sentences[index], options, use_cache)
         pcm = audio.resample(piece.pcm, other.engine.sample_rate, sample_rate)
         return dataclasses.replace(piece, pcm=pcm)
@@ -666,6 +780,14 @@ class Synthesizer:
         for index in alone:
             results[index] = self.sentence(voice, index, texts[index], options, True)
         return [results[index] for index in range(len(texts))]
+
+
+def _at_rate(options: SynthesisOptions, rate: float) -> SynthesisOptions:
+    """`options` with the speed times `rate`, within the engine's allowed range."""
+    if rate == 1.0:
+        return options
+    low, high = options.ranges["speed"].low, options.ranges["speed"].high
+    return dataclasses.replace(options, speed=min(max(options.speed * rate, low), high))
 
 
 def _no_audio() -> Generator[FloatAudio, None, FloatAudio | None]:

@@ -88,7 +88,7 @@ def voice_entries(pipeline: Pipeline) -> tuple[list[VoiceEntry], str]:
         VoiceEntry(
             name=v.name, description=v.description or "", languages=v.languages, engine=v.engine
         )
-        for v in catalog.voices
+        for v in (*catalog.voices, *catalog.presets)
     ]
     return entries, catalog.default_voice
 

@@ -1,0 +1,149 @@
+"""End-to-end: announcements through the real bridge subprocess and a private mosquitto.
+
+A chime at the start of the one answer on every door (the WAV on MQTT, the file behind the URL,
+the Wyoming stream of a preset voice), the bridge API's lists and edits, and bad input refused
+while the bridge keeps serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import soundfile
+from wyoming.audio import AudioChunk
+from wyoming.client import AsyncTcpClient
+from wyoming.event import Event
+from wyoming.info import Describe, Info
+from wyoming.tts import Synthesize, SynthesizeVoice
+
+from tests.support.harness import (
+    BridgeFactory,
+    MqttProbe,
+    ProbeFactory,
+    ReceivedMessage,
+    RunningBridge,
+    bridge_api,
+)
+from tests.support.web import fetch
+from tts_bridge.config import ChimesSettings
+from tts_bridge.speech.chimes import ChimeLibrary
+from tts_bridge.speech.loudness import LoudnessNormalizer
+
+pytestmark = pytest.mark.slow
+
+BASE = "tts_bridge"
+RESPONSE = f"{BASE}/bridge/response/say"
+WAIT_S = 60.0
+JOE_RATE = 22050
+
+
+def _chime(name: str, rate: int = JOE_RATE) -> np.ndarray:
+    """The chime as the bridge makes it (built-in: the same synthesis, the same loudness)."""
+    library = ChimeLibrary(ChimesSettings(dir=Path("/nonexistent")), LoudnessNormalizer(-18, -1))
+    return library.pcm(name, rate)
+
+
+def _say(probe: MqttProbe, target: str, request: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
+    """The answer and what came on the target's audio topic (b"" for an error)."""
+    since = probe.mark()
+    probe.publish(f"{BASE}/say/{target}", json.dumps(request))
+    rid = request["id"]
+    answer = probe.wait_for(
+        lambda m: m.topic == RESPONSE and m.json()["id"] == rid, WAIT_S, since=since
+    ).json()
+    if answer["status"] != "ok":
+        return answer, b""
+
+    def audio(m: ReceivedMessage) -> bool:
+        return m.topic == f"{BASE}/audio/{target}" and m.user_properties["id"] == str(rid)
+
+    return answer, probe.wait_for(audio, WAIT_S, since=since).payload
+
+
+def _samples(data: bytes) -> tuple[np.ndarray, int]:
+    pcm, rate = soundfile.read(io.BytesIO(data), dtype="int16")
+    return np.asarray(pcm), int(rate)
+
+
+async def _wyoming(port: int, event: Event) -> list[Event]:
+    async with AsyncTcpClient("127.0.0.1", port) as client:
+        await client.write_event(event)
+        events = []
+        while True:
+            got = await asyncio.wait_for(client.read_event(), WAIT_S)
+            if got is None:
+                break
+            events.append(got)
+            if got.type in ("audio-stop", "info", "error"):
+                break
+        return events
+
+
+@pytest.fixture
+def bridge(bridge_factory: BridgeFactory) -> RunningBridge:
+    return bridge_factory(
+        targets={
+            "hall": {"chime": "dingdong"},
+            "esp": {"payload": "url", "format": "wav"},
+        },
+        presets={"joe_chime": {"voice": "joe", "chime": "chime"}},
+        scheduler={"idle_enabled": False},
+    )
+
+
+def test_a_chime_starts_the_one_answer_on_every_door(
+    bridge: RunningBridge, probe_factory: ProbeFactory
+) -> None:
+    probe = probe_factory(RESPONSE, f"{BASE}/audio/#", f"{BASE}/bridge/response/#")
+    probe.diagnostics = bridge.log_tail
+
+    # MQTT: the request's chime, the WAV starts with it.
+    answer, wav = _say(probe, "kitchen", {"text": "Dinner is ready.", "id": "c1", "chime": "ding"})
+    assert answer["status"] == "ok", answer
+    pcm, rate = _samples(wav)
+    ding = _chime("ding", rate)
+    assert np.array_equal(pcm[: ding.size], ding)
+
+    # A target's default chime, and a request that turns it off.
+    answer, wav = _say(probe, "hall", {"text": "Dinner is ready.", "id": "c2"})
+    dingdong = _chime("dingdong")
+    assert np.array_equal(_samples(wav)[0][: dingdong.size], dingdong)
+    answer, wav = _say(probe, "hall", {"text": "Dinner is ready.", "id": "c3", "chime": ""})
+    assert _samples(wav)[0].size < pcm.size - ding.size // 2
+
+    # By URL: the file behind it starts with the chime too.
+    answer, _ = _say(probe, "esp", {"text": "Dinner is ready.", "id": "c4", "chime": "alert"})
+    status, _, body = fetch(answer["data"]["url"])
+    assert status == 200
+    alert = _chime("alert")
+    assert np.array_equal(_samples(body)[0][: alert.size], alert)
+
+    # Wyoming: the preset is a voice, and its stream starts with its chime.
+    port = int(bridge.config["wyoming"]["port"])
+    info = Info.from_event(asyncio.run(_wyoming(port, Describe().event()))[-1])
+    voices = {v.name: v for v in info.tts[0].voices}
+    assert "joe_chime" in voices and voices["joe_chime"].description == "joe with chime"
+    events = asyncio.run(
+        _wyoming(
+            port,
+            Synthesize(text="Dinner is ready.", voice=SynthesizeVoice(name="joe_chime")).event(),
+        )
+    )
+    chunks = [AudioChunk.from_event(e).audio for e in events if e.type == "audio-chunk"]
+    stream = np.frombuffer(b"".join(chunks), dtype="<i2")
+    chime = _chime("chime")
+    assert np.array_equal(stream[: chime.size], chime)
+
+    # The bridge API lists the chimes; an unknown one is refused, and the bridge serves on.
+    listed = bridge_api(probe, "chimes", timeout=WAIT_S)
+    assert {c["name"] for c in listed["data"]["chimes"]} >= {"ding", "dingdong", "chime", "alert"}
+    answer, _ = _say(probe, "kitchen", {"text": "Dinner is ready.", "id": "c5", "chime": "gong"})
+    assert answer["status"] == "error" and answer["code"] == "unknown_chime", answer
+    answer, _ = _say(probe, "kitchen", {"text": "Dinner is ready.", "id": "c6"})
+    assert answer["status"] == "ok"
