@@ -41,6 +41,7 @@ BASE = "tts_bridge"
 RESPONSE = f"{BASE}/bridge/response/say"
 WAIT_S = 60.0
 JOE_RATE = 22050
+VOICES = ("joe", "heart")
 
 
 def _chime(name: str, rate: int = JOE_RATE) -> np.ndarray:
@@ -147,3 +148,40 @@ def test_a_chime_starts_the_one_answer_on_every_door(
     assert answer["status"] == "error" and answer["code"] == "unknown_chime", answer
     answer, _ = _say(probe, "kitchen", {"text": "Dinner is ready.", "id": "c6"})
     assert answer["status"] == "ok"
+
+
+def test_lexicon_edits_change_every_voice_at_once_and_survive_a_restart(
+    bridge_factory: BridgeFactory, probe_factory: ProbeFactory
+) -> None:
+    bridge = bridge_factory(scheduler={"idle_enabled": False})
+    probe = probe_factory(RESPONSE, f"{BASE}/audio/#", f"{BASE}/bridge/response/#")
+    probe.diagnostics = bridge.log_tail
+    text = "Siobhan is home."
+    before = {v: _say(probe, "t", {"text": text, "id": f"b-{v}", "voice": v}) for v in VOICES}
+    for voice, (answer, _) in before.items():
+        assert answer["status"] == "ok", answer
+        again, _ = _say(probe, "t", {"text": text, "id": f"a-{voice}", "voice": voice})
+        assert again["data"]["cached"] is True
+
+    changed = bridge_api(
+        probe, "lexicon/set", {"word": "siobhan", "say": "shiv awn"}, timeout=WAIT_S
+    )
+    assert changed["status"] == "ok" and changed["data"]["saved"] is True, changed
+    for voice in VOICES:
+        # A new reading: new audio for every voice (not the cached sentence).
+        answer, wav = _say(probe, "t", {"text": text, "id": f"c-{voice}", "voice": voice})
+        assert answer["data"]["cached"] is False, answer
+        assert wav != before[voice][1]
+    refused = bridge_api(probe, "lexicon/set", {"word": "!!", "say": "bang"}, timeout=WAIT_S)
+    assert refused["status"] == "error" and refused["code"] == "invalid_request"
+
+    bridge.stop()
+    bridge = bridge_factory(scheduler={"idle_enabled": False})
+    listed = bridge_api(probe, "lexicon", timeout=WAIT_S)["data"]["entries"]
+    assert {"word": "siobhan", "say": "shiv awn", "source": "runtime"} in listed
+    answer, _ = _say(probe, "t", {"text": text, "id": "d", "voice": "joe"})
+    assert answer["data"]["cached"] is True  # the edited reading, cached before the restart
+    removed = bridge_api(probe, "lexicon/remove", {"word": "Siobhan"}, timeout=WAIT_S)
+    assert removed["status"] == "ok", removed
+    answer, _ = _say(probe, "t", {"text": text, "id": "e", "voice": "joe"})
+    assert answer["data"]["cached"] is True  # the first reading again

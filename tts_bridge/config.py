@@ -38,6 +38,7 @@ from pydantic import (
 from tts_bridge.engines import catalog
 from tts_bridge.engines.base import Precision
 from tts_bridge.formats import AudioFormat, AudioFormatField
+from tts_bridge.text.lexicon import LexiconError, make_entry
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -479,6 +480,15 @@ class PresetSettings(_Section):
     """What clients show; empty = the voice and its chimes."""
 
 
+class LexiconWord(_Section):
+    """What a word is said as (lexicon.<word>); a plain string stands for `say`."""
+
+    say: str
+    """A respelling every engine reads ("win" for Nguyen)."""
+    phonemes: str | None = None
+    """Phonemes for engines that take them (Piper: espeak-ng IPA); others say `say`."""
+
+
 class TargetSettings(_Section):
     """How one say target's speaker takes its audio (targets.<name>)."""
 
@@ -566,6 +576,10 @@ class Settings(_Section):
     presets: dict[str, PresetSettings] = Field(default_factory=dict)
     """Voices with a chime (e.g. joe_chime: {voice: joe, chime: dingdong}), listed with the
     voices to Wyoming clients and accepted wherever a voice name is."""
+    lexicon: dict[str, LexiconWord] = Field(default_factory=dict)
+    """Pronunciations shared by every voice: word or phrase -> what to say."""
+    lexicon_file: Path | None = None
+    """A YAML or JSON file of more entries in the same form (`lexicon` wins over it)."""
     phrases: list[str] = Field(default_factory=list)
     """Sentences to pre-render in quality at idle (for the default voice)."""
     phrases_file: ExpandedPath | None = None
@@ -632,6 +646,41 @@ class Settings(_Section):
                 raise ValueError(f"voices.{name}.fast_voice: {voice.fast_voice!r} is not a voice")
             if voice.fast_voice == name:
                 raise ValueError(f"voices.{name}.fast_voice: a voice cannot be its own fast tier")
+        return self
+
+    @field_validator("lexicon", mode="before")
+    @classmethod
+    def _plain_respellings(cls, value: object) -> object:
+        if isinstance(value, dict):
+            return {k: {"say": v} if isinstance(v, str) else v for k, v in value.items()}
+        return value
+
+    @model_validator(mode="after")
+    def _read_lexicon(self) -> Settings:
+        path = self.lexicon_file
+        entries = dict(self.lexicon)
+        if path is not None:
+            try:
+                data = yaml.safe_load(path.expanduser().read_text(encoding="utf-8")) or {}
+            except OSError as exc:
+                raise ValueError(f"lexicon_file: cannot read {path}: {exc.strerror}") from exc
+            except (yaml.YAMLError, UnicodeDecodeError) as exc:
+                raise ValueError(f"lexicon_file: {path} is not YAML or JSON: {exc}") from None
+            if not isinstance(data, dict):
+                raise ValueError(f"lexicon_file: {path} must map words to what to say")
+            from_file = self._plain_respellings(data)
+            assert isinstance(from_file, dict)
+            for word, spec in from_file.items():
+                try:
+                    entries.setdefault(str(word), LexiconWord.model_validate(spec))
+                except ValidationError as exc:
+                    raise ValueError(f"lexicon_file: entry {word!r}: {exc}") from None
+        for word, spec in entries.items():
+            try:
+                make_entry(word, spec.say, spec.phonemes)
+            except LexiconError as exc:
+                raise ValueError(f"lexicon: entry {word!r}: {exc}") from None
+        self.lexicon = entries
         return self
 
     @model_validator(mode="after")

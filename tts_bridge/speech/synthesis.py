@@ -33,6 +33,7 @@ from tts_bridge.speech.cache import CacheKey, SentenceCache
 from tts_bridge.speech.chimes import ChimeError, ChimeLibrary
 from tts_bridge.speech.loudness import LoudnessNormalizer, apply_gain
 from tts_bridge.speech.metrics import Metrics
+from tts_bridge.speech.pronunciations import Pronunciations
 from tts_bridge.speech.routing import CostEstimator
 from tts_bridge.text.english import for_english_voice
 from tts_bridge.text.normalize import detect_language, normalize
@@ -230,8 +231,11 @@ class Synthesizer:
         engines: EnginePool,
         cache: SentenceCache,
         estimator: CostEstimator | None = None,
+        pronunciations: Pronunciations | None = None,
     ) -> None:
         self._settings = settings
+        self.pronunciations = pronunciations or Pronunciations.from_settings(settings, None)
+        """The lexicon (without a state folder: the configured entries, edits not kept)."""
         self.engines = engines
         self.cache = cache
         self.estimator = estimator or CostEstimator()
@@ -251,6 +255,9 @@ class Synthesizer:
         `tts_bridge.engines.base.FrontEnd`): what the engine is given and what its cache key
         holds, so that a changed reading renders fresh audio, and a sentence the front end
         leaves alone keeps its key."""
+        # The lexicon first: a respelled name is then read like any other word, a number in a
+        # respelling like any other number.
+        sentence = self.pronunciations.apply(sentence, phonemes=engine.name == "piper")
         front = getattr(engine, "front_end", "none")
         order = self._settings.synthesis.date_order
         if front == "english":
