@@ -41,9 +41,12 @@ class Pronunciations:
     @classmethod
     def from_settings(cls, settings: Settings, state_dir: Path | None) -> Pronunciations:
         """The configured entries, and the run-time ones of `state_dir` (None: not kept)."""
-        configured = [
-            make_entry(word, spec.say, spec.phonemes) for word, spec in settings.lexicon.items()
-        ]
+        configured = []
+        for word, spec in settings.lexicon.items():
+            try:
+                configured.append(make_entry(word, spec.say, spec.phonemes))
+            except LexiconError as exc:
+                _LOGGER.error("Lexicon entry %r is not used: %s", word[:64], exc)
         return cls(configured, state_dir / FILE_NAME if state_dir is not None else None)
 
     def _compiled(self) -> Lexicon:
