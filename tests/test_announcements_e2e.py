@@ -185,3 +185,53 @@ def test_lexicon_edits_change_every_voice_at_once_and_survive_a_restart(
     assert removed["status"] == "ok", removed
     answer, _ = _say(probe, "t", {"text": text, "id": "e", "voice": "joe"})
     assert answer["data"]["cached"] is True  # the first reading again
+
+
+def _longest_silence_ms(pcm: np.ndarray, rate: int) -> float:
+    zero = np.concatenate([[False], pcm == 0, [False]])
+    edges = np.flatnonzero(np.diff(zero.astype(np.int8)))
+    runs = edges[1::2] - edges[::2]
+    return float(runs.max()) * 1000 / rate if runs.size else 0.0
+
+
+def test_ssml_on_mqtt_and_wyoming_and_bad_ssml_refused(
+    bridge_factory: BridgeFactory, probe_factory: ProbeFactory
+) -> None:
+    bridge = bridge_factory(scheduler={"idle_enabled": False})
+    probe = probe_factory(RESPONSE, f"{BASE}/audio/#")
+    probe.diagnostics = bridge.log_tail
+    ssml = '<speak>The door is open.<break time="2s"/>Close it.</speak>'
+
+    answer, wav = _say(probe, "t", {"text": ssml, "id": "s1", "voice": "joe"})
+    assert answer["status"] == "ok", answer
+    pcm, rate = _samples(wav)
+    assert _longest_silence_ms(pcm, rate) >= 2000
+    # Literal on request: the markup is not parsed (no two-second break).
+    literal, wav = _say(probe, "t", {"text": ssml, "id": "s2", "voice": "joe", "ssml": False})
+    assert literal["status"] == "ok", literal
+    assert _longest_silence_ms(*_samples(wav)) < 2000
+
+    port = int(bridge.config["wyoming"]["port"])
+    events = asyncio.run(
+        _wyoming(port, Synthesize(text=ssml, voice=SynthesizeVoice(name="joe")).event())
+    )
+    chunks = [AudioChunk.from_event(e).audio for e in events if e.type == "audio-chunk"]
+    stream = np.frombuffer(b"".join(chunks), dtype="<i2")
+    assert _longest_silence_ms(stream, JOE_RATE) >= 2000
+
+    for n, bad in enumerate(
+        [
+            "<speak>Hello <break time='1s'></speak>",
+            '<!DOCTYPE speak [<!ENTITY x SYSTEM "file:///etc/passwd">]><speak>&x;</speak>',
+        ]
+    ):
+        refused, _ = _say(probe, "t", {"text": bad, "id": f"bad{n}"})
+        assert refused["status"] == "error" and refused["code"] == "invalid_ssml", refused
+        assert "line 1, column" in refused["error"], refused
+    # Plain text (not JSON) works too, and the bridge is still serving.
+    since = probe.mark()
+    probe.publish(
+        f"{BASE}/say/t", '<speak>Still <say-as interpret-as="digits">42</say-as>.</speak>'
+    )
+    last = probe.wait_for(lambda m: m.topic == RESPONSE, WAIT_S, since=since).json()
+    assert last["status"] == "ok", last

@@ -193,6 +193,7 @@ class SayFrontEnd(MqttFrontEnd):
             chime_after=request.chime_after,
             default_chime=target.chime if target is not None else None,
             default_chime_after=target.chime_after if target is not None else None,
+            ssml=request.ssml,
         )
 
     def _journal_accept(

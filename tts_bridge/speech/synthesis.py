@@ -43,8 +43,15 @@ from tts_bridge.text.sentences import (
     is_speakable,
     split_sentences,
 )
+from tts_bridge.text.ssml import Script, SsmlError, is_ssml
+from tts_bridge.text.ssml import parse as parse_ssml
 
 _LOGGER = logging.getLogger(__name__)
+
+
+_SENTENCE_ENDS = (".", "!", "?", "。", "！", "？", "…")
+_SSML_MARKUP_FACTOR = 4
+"""An SSML document may be this many times the text limit (its markup is not spoken)."""
 
 
 class RequestError(Exception):
@@ -200,6 +207,8 @@ class Announcement:
     default_chime: str | None = None
     """The say target's chime (targets.<t>.chime)."""
     default_chime_after: str | None = None
+    ssml: bool | None = None
+    """True: the text is SSML; False: spoken as written; None: SSML if it starts with <speak>."""
 
 
 class EngineStats:
@@ -528,11 +537,75 @@ class Synthesizer:
 
         Raises UnknownVoiceError or RequestError.
         """
-        plan = self._validate_speech(text, voice_name, lang, options)
-        chime, after = self._chimes_for(voice_name, announcement or Announcement())
+        announcement = announcement or Announcement()
+        preset = self._settings.presets.get(voice_name) if voice_name else None
+        voice = self.engines.voice(preset.voice if preset is not None else voice_name)
+        if not (announcement.ssml if announcement.ssml is not None else is_ssml(text)):
+            sentences = prepare_text(text, self._settings.limits.max_text_chars)
+            plan = self._validate_speech(voice, sentences, lang, options)
+        else:
+            script = self._parse_ssml(text)
+            sentences, gaps, rates = self._ssml_sentences(script)
+            plan = self._validate_speech(voice, sentences, lang, options)
+            plan = dataclasses.replace(plan, gaps_ms=tuple(gaps), rates=tuple(rates))
+            # A chime in the SSML is the request's own, unless the request names one too.
+            announcement = dataclasses.replace(
+                announcement,
+                chime=announcement.chime if announcement.chime is not None else script.chime,
+                chime_after=(
+                    announcement.chime_after
+                    if announcement.chime_after is not None
+                    else script.chime_after
+                ),
+            )
+        chime, after = self._chimes_for(voice_name, announcement)
         if chime or after:
             plan = dataclasses.replace(plan, chime=chime, chime_after=after)
         return plan
+
+    def _parse_ssml(self, text: str) -> Script:
+        limit = self._settings.limits.max_text_chars
+        # Markup is not speech, but a document many times the text limit is not an announcement.
+        if len(text) > _SSML_MARKUP_FACTOR * limit:
+            raise RequestError(
+                "text_too_long",
+                f"the SSML has {len(text)} characters; the limit is {_SSML_MARKUP_FACTOR * limit}",
+            )
+        try:
+            return parse_ssml(text)
+        except SsmlError as exc:
+            raise RequestError("invalid_ssml", str(exc)) from None
+
+    def _ssml_sentences(self, script: Script) -> tuple[list[str], list[int], list[float]]:
+        """The sentences of an SSML script, the silence before each and after the last (ms),
+        and each one's rate."""
+        # The whole text is checked as plain text is (empty, too long, nothing to say).
+        prepare_text(" ".join(p.text for p in script.pieces), self._settings.limits.max_text_chars)
+        pause = self._settings.synthesis.sentence_pause_ms
+        sentences: list[str] = []
+        gaps: list[int] = []
+        rates: list[float] = []
+        owed: int | None = 0  # silence before the next sentence; None: the usual pause
+        for piece in script.pieces:
+            if piece.pause_before_ms is not None:
+                owed = piece.pause_before_ms if owed is None else owed + piece.pause_before_ms
+            elif piece.joined and sentences and not sentences[-1].endswith(_SENTENCE_ENDS):
+                owed = 0  # a rate change inside a sentence: no pause where none is written
+            for sentence in split_sentences(clean(piece.text)):
+                if not is_speakable(sentence):
+                    continue
+                gaps.append(pause if owed is None else owed)
+                sentences.append(sentence)
+                rates.append(piece.rate)
+                owed = None
+        gaps.append(script.trailing_ms + (owed or 0))
+        if sum(gaps) / 1000 > self._settings.limits.max_audio_s:
+            raise RequestError(
+                "invalid_ssml",
+                f"the breaks add up to {sum(gaps) / 1000:.0f} s; the limit is "
+                f"{self._settings.limits.max_audio_s:g} s of audio",
+            )
+        return sentences, gaps, rates
 
     def _chimes_for(
         self, voice_name: str | None, announcement: Announcement
@@ -559,14 +632,11 @@ class Synthesizer:
 
     def _validate_speech(
         self,
-        text: str,
-        voice_name: str | None,
+        voice: Voice,
+        sentences: list[str],
         lang: str | None,
         options: Mapping[str, object] | None,
     ) -> Plan:
-        preset = self._settings.presets.get(voice_name) if voice_name else None
-        voice = self.engines.voice(preset.voice if preset is not None else voice_name)
-        sentences = prepare_text(text, self._settings.limits.max_text_chars)
         if lang is not None:  # asked for: the whole text, by this voice
             self._check_language(voice, lang)
             return Plan(
