@@ -92,6 +92,7 @@ def bridge(bridge_factory: BridgeFactory) -> RunningBridge:
         targets={
             "hall": {"chime": "dingdong"},
             "esp": {"payload": "url", "format": "wav"},
+            "garage": {"gain_db": 6},
         },
         presets={"joe_chime": {"voice": "joe", "chime": "chime"}},
         scheduler={"idle_enabled": False},
@@ -117,6 +118,14 @@ def test_a_chime_starts_the_one_answer_on_every_door(
     assert np.array_equal(_samples(wav)[0][: dingdong.size], dingdong)
     answer, wav = _say(probe, "hall", {"text": "Dinner is ready.", "id": "c3", "chime": ""})
     assert _samples(wav)[0].size < pcm.size - ding.size // 2
+
+    # A target's gain on top of the common loudness: the same answer, 6 dB (2x) louder.
+    _, plain = _say(probe, "kitchen", {"text": "Dinner is ready.", "id": "g1"})
+    _, louder = _say(probe, "garage", {"text": "Dinner is ready.", "id": "g2"})
+    quiet, loud = _samples(plain)[0].astype(float), _samples(louder)[0].astype(float)
+    assert loud.size == quiet.size
+    ratio = np.sqrt(np.mean(loud**2) / np.mean(quiet**2))
+    assert ratio == pytest.approx(2.0, rel=0.05)
 
     # By URL: the file behind it starts with the chime too.
     answer, _ = _say(probe, "esp", {"text": "Dinner is ready.", "id": "c4", "chime": "alert"})

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+from tests.support.chattts_tiny import NEEDS_CHATTTS_ONNX
 from tts_bridge.bench.loudness import ANNOUNCEMENTS, measure_voices
 from tts_bridge.config import Settings, load_settings
 from tts_bridge.speech.loudness import LoudnessNormalizer, apply_gain, true_peak_dbfs
@@ -102,3 +104,26 @@ def test_without_normalization_the_voices_differ(settings: Settings) -> None:
     )
     measured = measure_voices(off, ("joe", "heart"), ANNOUNCEMENTS[:3])
     assert abs(measured["joe"]["mean_lufs"] - measured["heart"]["mean_lufs"]) > 2.0
+
+
+@NEEDS_CHATTTS_ONNX
+@pytest.mark.slow
+def test_the_tiny_chattts_answers_at_the_target_too(tiny_export_fp32: Path, tmp_path: Path) -> None:
+    """ChatTTS on random weights makes loud noise, nothing like speech: the same target."""
+    voice = {"engine": "chattts-onnx", "model": str(tiny_export_fp32), "precision": "fp32"}
+    settings = load_settings(
+        None,
+        {
+            "cache": {"dir": str(tmp_path / "cache")},
+            "synthesis": {"onnx_threads": 1},
+            "voices": {"tiny": voice},
+            "default_voice": "tiny",
+        },
+        environ={},
+    )
+    target = settings.synthesis.loudness_lufs
+    assert target is not None
+    texts = ANNOUNCEMENTS[:4]
+    measured = measure_voices(settings, ("tiny",), texts)["tiny"]
+    for text, lufs in zip(texts, measured["lufs"], strict=True):
+        assert abs(lufs - target) <= 1.0, (text, lufs)
