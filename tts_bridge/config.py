@@ -456,7 +456,7 @@ class WyomingSettings(_Section):
 
 
 class ChimesSettings(_Section):
-    dir: Path = Field(default_factory=lambda: default_data_dir() / "chimes")
+    dir: ExpandedPath = Field(default_factory=lambda: default_data_dir() / "chimes")
     """Your own chimes: WAV, FLAC, OGG or MP3 files here are chimes named after the file
     (doorbell.mp3 is "doorbell"); the built-in ding, dingdong, chime and alert need none."""
     max_seconds: float = Field(5.0, gt=0.0, le=30.0)
@@ -577,8 +577,9 @@ class Settings(_Section):
     voices to Wyoming clients and accepted wherever a voice name is."""
     lexicon: dict[str, LexiconWord] = Field(default_factory=dict)
     """Pronunciations shared by every voice: word or phrase -> what to say."""
-    lexicon_file: Path | None = None
-    """A YAML or JSON file of more entries in the same form (`lexicon` wins over it)."""
+    lexicon_file: ExpandedPath | None = None
+    """A YAML or JSON file of more entries in the same form (`lexicon` wins over it), read at
+    start-up."""
     phrases: list[str] = Field(default_factory=list)
     """Sentences to pre-render in quality at idle (for the default voice)."""
     phrases_file: ExpandedPath | None = None
@@ -655,31 +656,12 @@ class Settings(_Section):
         return value
 
     @model_validator(mode="after")
-    def _read_lexicon(self) -> Settings:
-        path = self.lexicon_file
-        entries = dict(self.lexicon)
-        if path is not None:
-            try:
-                data = yaml.safe_load(path.expanduser().read_text(encoding="utf-8")) or {}
-            except OSError as exc:
-                raise ValueError(f"lexicon_file: cannot read {path}: {exc.strerror}") from exc
-            except (yaml.YAMLError, UnicodeDecodeError) as exc:
-                raise ValueError(f"lexicon_file: {path} is not YAML or JSON: {exc}") from None
-            if not isinstance(data, dict):
-                raise ValueError(f"lexicon_file: {path} must map words to what to say")
-            from_file = self._plain_respellings(data)
-            assert isinstance(from_file, dict)
-            for word, spec in from_file.items():
-                try:
-                    entries.setdefault(str(word), LexiconWord.model_validate(spec))
-                except ValidationError as exc:
-                    raise ValueError(f"lexicon_file: entry {word!r}: {exc}") from None
-        for word in entries:
+    def _check_lexicon_words(self) -> Settings:
+        for word in self.lexicon:
             if not any(c.isalnum() for c in word) or len(word) > 64:
                 raise ValueError(
                     f"lexicon: entry {word[:70]!r} must be 1-64 characters with a letter"
                 )
-        self.lexicon = entries
         return self
 
     @model_validator(mode="after")

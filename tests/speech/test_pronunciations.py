@@ -102,9 +102,14 @@ def test_a_damaged_saved_lexicon_is_ignored(settings: Settings, tmp_path: Path) 
     assert Pronunciations.from_settings(settings, state).apply("Nguyen") == "win"
 
 
-def test_bad_configured_entries_are_named(tmp_path: Path) -> None:
+def test_bad_configured_entries_are_named(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     with pytest.raises(ConfigError, match="lexicon"):
         _settings(tmp_path, lexicon={"!!": "bang"})
+    # A file is read at start-up: what cannot be used is logged, the rest applies.
     (tmp_path / "list.yaml").write_text("- a\n- b\n", encoding="utf-8")
-    with pytest.raises(ConfigError, match="lexicon_file"):
-        _settings(tmp_path, lexicon_file=str(tmp_path / "list.yaml"))
+    (tmp_path / "mixed.yaml").write_text("Nguyen: win\nBad: {sound: x}\n", encoding="utf-8")
+    for name, said in (("list.yaml", "Nguyen"), ("mixed.yaml", "win"), ("missing.yaml", "Nguyen")):
+        settings = _settings(tmp_path, lexicon_file=str(tmp_path / name))
+        assert Pronunciations.from_settings(settings, None).apply("Nguyen") == said
+    assert "must map words" in caplog.text and "'Bad' is not used" in caplog.text
+    assert "Cannot read lexicon_file" in caplog.text

@@ -106,7 +106,7 @@ class ChimeLibrary:
 
     def _files(self) -> dict[str, Path]:
         """The user's chime files by name (read each time: files may be added while running)."""
-        folder = self._settings.dir.expanduser()
+        folder = self._settings.dir
         try:
             entries = sorted(folder.iterdir())
         except OSError:

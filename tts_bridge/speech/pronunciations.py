@@ -16,7 +16,10 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from tts_bridge.config import Settings
+import yaml
+from pydantic import ValidationError
+
+from tts_bridge.config import LexiconWord, Settings
 from tts_bridge.durable import write_atomic
 from tts_bridge.text.lexicon import Entry, Lexicon, LexiconError, key_of, make_entry
 
@@ -25,6 +28,31 @@ _LOGGER = logging.getLogger(__name__)
 FILE_NAME = "lexicon.json"
 FORMAT_VERSION = 1
 MAX_ENTRIES = 10_000
+
+
+def read_lexicon_file(path: Path | None) -> dict[str, LexiconWord]:
+    """The entries of `lexicon_file` (YAML or JSON: word -> say, or word -> {say, phonemes});
+    a file that cannot be read, or an entry that is not one, is logged and left out (the
+    configuration's own entries still apply)."""
+    if path is None:
+        return {}
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        _LOGGER.error("Cannot read lexicon_file %s: %s", path, exc)
+        return {}
+    if not isinstance(data, dict):
+        _LOGGER.error("lexicon_file %s must map words to what to say", path)
+        return {}
+    entries: dict[str, LexiconWord] = {}
+    for word, spec in data.items():
+        try:
+            entries[str(word)] = LexiconWord.model_validate(
+                {"say": spec} if isinstance(spec, str) else spec
+            )
+        except ValidationError as exc:
+            _LOGGER.error("lexicon_file %s: entry %r is not used: %s", path, word, exc)
+    return entries
 
 
 class Pronunciations:
@@ -41,8 +69,9 @@ class Pronunciations:
     @classmethod
     def from_settings(cls, settings: Settings, state_dir: Path | None) -> Pronunciations:
         """The configured entries, and the run-time ones of `state_dir` (None: not kept)."""
+        specs = {**read_lexicon_file(settings.lexicon_file), **settings.lexicon}
         configured = []
-        for word, spec in settings.lexicon.items():
+        for word, spec in specs.items():
             try:
                 configured.append(make_entry(word, spec.say, spec.phonemes))
             except LexiconError as exc:
