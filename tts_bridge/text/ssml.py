@@ -176,18 +176,20 @@ class _Builder:
         elif tag == "say-as":
             self.words(f" {say_as(element.get('interpret-as', ''), _text_of(element))} ", rate)
         else:
-            inner = rate * _rate(element.get("rate")) if tag == "prosody" else rate
-            inner = min(max(inner, _MIN_RATE), _MAX_RATE)
-            if tag in ("p", "s", "paragraph", "sentence"):
-                self._split = True
-            self.words(element.text, inner)
-            for child in element:
-                self.element(child, inner)
-                self.words(child.tail, inner)
-            if tag in ("p", "s", "paragraph", "sentence"):
-                self._split = True
-            return
-        # tails of break/audio/sub/say-as are spoken by the parent (see above)
+            self._container(element, tag, rate)
+
+    def _container(self, element: ET.Element, tag: str, rate: float) -> None:
+        """An element whose text and children are spoken (<speak>, <p>, <prosody>, and any
+        element this subset does not know); the text after each child is this element's."""
+        inner = rate * _rate(element.get("rate")) if tag == "prosody" else rate
+        inner = min(max(inner, _MIN_RATE), _MAX_RATE)
+        sentence = tag in ("p", "s", "paragraph", "sentence")
+        self._split = self._split or sentence
+        self.words(element.text, inner)
+        for child in element:
+            self.element(child, inner)
+            self.words(child.tail, inner)
+        self._split = self._split or sentence
 
     def _audio(self, element: ET.Element) -> None:
         src = element.get("src", "").strip()
@@ -195,11 +197,12 @@ class _Builder:
             raise SsmlError("<audio> needs a src attribute naming a chime")
         if not self.script.pieces:
             self._audio_before.append(src)
+        elif self._after_at is not None:
+            raise SsmlError("only one <audio> chime after the words is supported")
         else:
+            # Words after it are refused (see `words`): a chime between words has no place.
             self.script.chime_after = src
             self._after_at = len(self.script.pieces)
-        if self._after_at is not None and self._after_at != len(self.script.pieces):
-            raise SsmlError("<audio> chimes go before or after all the words, not between them")
 
     def finish(self) -> Script:
         script = self.script
@@ -207,8 +210,6 @@ class _Builder:
             raise SsmlError("only one <audio> chime before the words is supported")
         if self._audio_before:
             script.chime = self._audio_before[0]
-        if self._after_at is not None and self._after_at != len(script.pieces):
-            raise SsmlError("<audio> chimes go before or after all the words, not between them")
         script.trailing_ms = self._pause or 0
         return script
 
