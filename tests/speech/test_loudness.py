@@ -11,7 +11,10 @@ import pytest
 from tests.support.chattts_tiny import NEEDS_CHATTTS_ONNX
 from tts_bridge.bench.loudness import ANNOUNCEMENTS, measure_voices
 from tts_bridge.config import Settings, load_settings
+from tts_bridge.engines.registry import EnginePool
+from tts_bridge.speech.cache import SentenceCache
 from tts_bridge.speech.loudness import LoudnessNormalizer, apply_gain, true_peak_dbfs
+from tts_bridge.speech.synthesis import AudioPart, Synthesizer
 
 RATE = 22050
 
@@ -127,3 +130,25 @@ def test_the_tiny_chattts_answers_at_the_target_too(tiny_export_fp32: Path, tmp_
     measured = measure_voices(settings, ("tiny",), texts)["tiny"]
     for text, lufs in zip(texts, measured["lufs"], strict=True):
         assert abs(lufs - target) <= 1.0, (text, lufs)
+    # Streamed in pieces (before the sentence is complete): one gain for all of them, and the
+    # sentence as cached is the pieces joined.
+    synth = Synthesizer(settings, EnginePool(settings), SentenceCache(settings.cache))
+    tiny = synth.engines.voice("tiny")
+    options = synth.options_for(tiny)
+    parts: list[AudioPart] = []
+    sentence = synth.sentence(tiny, 0, LONG, options, True, on_part=parts.append)
+    assert len(parts) >= 3, "the engine streams this sentence in pieces"
+    joined = np.concatenate([p.pcm for p in parts])
+    assert np.array_equal(joined, sentence.pcm)
+    hit = synth.cache.get(synth._key(tiny, LONG, options))
+    assert hit is not None and np.array_equal(hit.pcm, joined)
+    meter = LoudnessNormalizer(None, 0.0)
+    assert abs(meter.measure(joined, tiny.engine.sample_rate) - target) <= 3.0
+    assert true_peak_dbfs(joined, tiny.engine.sample_rate) <= -0.9
+    synth.cache.close()
+
+
+LONG = (
+    "The weather service says that heavy rain and strong wind will reach the valley late this "
+    "evening, so please close the windows and bring the garden chairs inside before dark."
+)

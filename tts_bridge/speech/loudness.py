@@ -99,6 +99,53 @@ class LoudnessNormalizer:
             gain += missing
         return _to_pcm16(out), gain
 
+    def gain_to_target(self, pcm: Int16Audio, sample_rate: int) -> float:
+        """The plain gain from `pcm`'s loudness to the target (0 for silence or when off)."""
+        if self.target_lufs is None:
+            return 0.0
+        loudness = self.measure(pcm, sample_rate)
+        if not math.isfinite(loudness) or loudness < _SILENT_LUFS:
+            return 0.0
+        return min(self.target_lufs - loudness, _MAX_GAIN_DB)
+
+    def scaled(self, pcm: Int16Audio, sample_rate: int, gain_db: float) -> Int16Audio:
+        """`pcm` times `gain_db`, its peaks limited under the ceiling (unchanged when off)."""
+        if self.target_lufs is None or pcm.size == 0:
+            return pcm
+        ceiling = 10 ** (self.true_peak_dbtp / 20)
+        return _to_pcm16(limit_peaks(_as_float(pcm) * 10 ** (gain_db / 20), sample_rate, ceiling))
+
+
+class PieceLevel:
+    """The level of one sentence that goes out in pieces before it is complete (a streaming
+    engine): its own loudness is known only at its end, so every piece gets one gain, the
+    voice's recent one or else the first piece's own, and is limited on its own; the sentence
+    as cached is those pieces joined, so a stream joins to the answer sample for sample."""
+
+    def __init__(self, normalizer: LoudnessNormalizer, sample_rate: int, recent: float | None):
+        self._normalizer = normalizer
+        self._rate = sample_rate
+        self.gain = recent
+        self._pieces: list[Int16Audio] = []
+
+    @property
+    def used(self) -> bool:
+        return bool(self._pieces)
+
+    def piece(self, pcm: Int16Audio) -> Int16Audio:
+        if self.gain is None:
+            self.gain = self._normalizer.gain_to_target(pcm, self._rate)
+        out = self._normalizer.scaled(pcm, self._rate, self.gain)
+        self._pieces.append(out)
+        return out
+
+    def whole(self, exact: Int16Audio | None) -> Int16Audio:
+        """The sentence: the pieces joined, or (an engine that ends with exact audio after an
+        approximate start) the exact audio at the pieces' gain."""
+        if exact is not None:
+            return self._normalizer.scaled(exact, self._rate, self.gain or 0.0)
+        return np.concatenate(self._pieces)
+
 
 _ROUNDS = 3
 _CLOSE_LU = 0.05

@@ -31,7 +31,7 @@ from tts_bridge.engines.base import (
 from tts_bridge.engines.registry import BackendFallbackError, EnginePool, Voice
 from tts_bridge.speech.cache import CacheKey, SentenceCache
 from tts_bridge.speech.chimes import ChimeError, ChimeLibrary
-from tts_bridge.speech.loudness import LoudnessNormalizer, apply_gain
+from tts_bridge.speech.loudness import LoudnessNormalizer, PieceLevel
 from tts_bridge.speech.metrics import Metrics
 from tts_bridge.speech.pronunciations import Pronunciations
 from tts_bridge.speech.routing import CostEstimator
@@ -294,13 +294,25 @@ class Synthesizer:
         self._recent_gain[voice.name] = gain
         return pcm
 
-    def _part_pcm(self, voice: Voice, chunk: FloatAudio, *, whole: bool) -> audio.Int16Audio:
+    def _part_pcm(
+        self, voice: Voice, level: PieceLevel, chunk: FloatAudio, *, whole: bool
+    ) -> audio.Int16Audio:
         """A streamed part: the whole sentence at its own loudness, or a piece of one at the
-        voice's recent gain (the sentence's own is known only once it is complete)."""
+        sentence's gain (see PieceLevel)."""
         pcm = audio.to_pcm16(chunk)
-        if whole:
-            return self._normalized(voice, pcm)
-        return apply_gain(pcm, self._recent_gain.get(voice.name, 0.0))
+        return self._normalized(voice, pcm) if whole else level.piece(pcm)
+
+    def _sentence_pcm(
+        self, voice: Voice, level: PieceLevel, chunks: list[FloatAudio], exact: FloatAudio | None
+    ) -> audio.Int16Audio:
+        """A finished sentence at the bridge's loudness: what went out, when it went out in
+        pieces; else the engine's audio normalized."""
+        if level.used:
+            self._recent_gain.setdefault(voice.name, level.gain or 0.0)
+            return level.whole(audio.to_pcm16(exact) if exact is not None else None)
+        chunks = [exact] if exact is not None else chunks
+        raw = audio.to_pcm16(np.concatenate(chunks)) if chunks else audio.silence(1, 0)
+        return self._normalized(voice, raw)
 
     def options_for(
         self, voice: Voice, overrides: Mapping[str, object] | None = None
@@ -399,10 +411,14 @@ class Synthesizer:
         held: FloatAudio | None = None  # the newest piece, until we know whether it is the last
         sent = 0
 
+        level = PieceLevel(
+            self.loudness, voice.engine.sample_rate, self._recent_gain.get(voice.name)
+        )
+
         def release(chunk: FloatAudio, last: bool) -> None:
             nonlocal sent
             if on_part is not None:
-                pcm = self._part_pcm(voice, chunk, whole=last and sent == 0)
+                pcm = self._part_pcm(voice, level, chunk, whole=last and sent == 0)
                 on_part(AudioPart(sent, index, pcm, cached=False, last=last))
             sent += 1
 
@@ -435,10 +451,7 @@ class Synthesizer:
             return self.sentence(voice, index, text, options, use_cache, on_part=on_part)
         release(held if held is not None else np.zeros(0, dtype=np.float32), last=True)
         elapsed = time.perf_counter() - started
-        chunks = [exact] if exact is not None else chunks
-        pcm = self._normalized(
-            voice, audio.to_pcm16(np.concatenate(chunks)) if chunks else audio.silence(1, 0)
-        )
+        pcm = self._sentence_pcm(voice, level, chunks, exact)
         self._account(voice, len(text), elapsed, pcm, stages)
         if pcm.size and use_cache:
             self.cache.put(key, pcm, voice.tier, voice.engine.identity)
