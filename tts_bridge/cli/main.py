@@ -352,13 +352,6 @@ def cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
         else:
             run_wer_bench(settings, out)
         return 0
-    if args.loudness:
-        from tts_bridge.bench.loudness import run_loudness_bench
-
-        run_loudness_bench(
-            settings, args.out if args.out != DEFAULT_BENCH_OUT else DEFAULT_LOUDNESS_OUT
-        )
-        return 0
     if args.chattts:
         from tts_bridge.bench.chattts import run_chattts_bench
 
@@ -374,7 +367,13 @@ def cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
         from tts_bridge.bench.engines import run_encoding_bench
 
         run_encoding_bench(args.out if args.out != DEFAULT_BENCH_OUT else DEFAULT_ENCODING_OUT)
-    if args.http or args.encoding:
+    elif args.loudness:
+        from tts_bridge.bench.loudness import run_loudness_bench
+
+        run_loudness_bench(
+            settings, args.out if args.out != DEFAULT_BENCH_OUT else DEFAULT_LOUDNESS_OUT
+        )
+    if args.http or args.encoding or args.loudness:
         return 0
     if args.sweep:
         from tts_bridge.bench.sweep import run_sweep
