@@ -68,9 +68,12 @@ def build_synthesizer(settings: Settings, plan: ThreadPlan | None = None) -> Syn
     """The engine pool and the sentence cache behind a synthesizer (no model is loaded yet)."""
     from tts_bridge.engines.registry import EnginePool
     from tts_bridge.speech.cache import SentenceCache
+    from tts_bridge.speech.pronunciations import Pronunciations
 
     pool = EnginePool(settings, plan=plan if plan is not None else thread_plan(settings))
-    return Synthesizer(settings, pool, SentenceCache(settings.cache))
+    # The lexicon's edits live in the state folder, beside the journal.
+    lexicon = Pronunciations.from_settings(settings, settings.journal.path.parent)
+    return Synthesizer(settings, pool, SentenceCache(settings.cache), pronunciations=lexicon)
 
 
 def open_journal(settings: Settings) -> Journal | None:

@@ -243,6 +243,13 @@ class SynthesisSettings(_Section):
     date_order: Literal["dmy", "mdy"] = "dmy"
     """How a numeric date is read when both orders are valid: "1/12" is 1 December (dmy) or
     January 12th (mdy)."""
+    loudness_lufs: float | None = Field(-18.0, ge=-40.0, le=-5.0)
+    """Integrated loudness (ITU BS.1770, LUFS) every sentence is brought to before it is
+    cached, whatever voice or tier speaks it; empty = as each engine makes it. -18 is close to
+    what streaming services and broadcasters give speech and leaves headroom for peaks."""
+    true_peak_dbtp: float = Field(-1.0, ge=-12.0, le=0.0)
+    """Ceiling for the true (inter-sample) peak after loudness normalization, in dBTP: a
+    sentence that would pass it is made quieter instead of clipped."""
 
     @field_validator("onnx_spinning", mode="before")
     @classmethod
@@ -448,6 +455,39 @@ class WyomingSettings(_Section):
     """Zeroconf instance name, distinct per bridge on a LAN; empty = the program name."""
 
 
+class ChimesSettings(_Section):
+    dir: ExpandedPath = Field(default_factory=lambda: default_data_dir() / "chimes")
+    """Your own chimes: WAV, FLAC, OGG or MP3 files here are chimes named after the file
+    (doorbell.mp3 is "doorbell"); the built-in ding, dingdong, chime and alert need none."""
+    max_seconds: float = Field(5.0, gt=0.0, le=30.0)
+    """A longer chime file is cut (faded out) to this length."""
+    gap_ms: int = Field(300, ge=0, le=5000)
+    """Silence between a chime and the speech."""
+
+
+class PresetSettings(_Section):
+    """A voice with its announcement settings under a name of its own (presets.<name>): for
+    clients that can only choose a voice, like Home Assistant over Wyoming."""
+
+    voice: str
+    """The configured voice that speaks."""
+    chime: str | None = None
+    """Chime before the speech (a built-in or a file in chimes.dir)."""
+    chime_after: str | None = None
+    """Chime after the speech."""
+    description: str = ""
+    """What clients show; empty = the voice and its chimes."""
+
+
+class LexiconWord(_Section):
+    """What a word is said as (lexicon.<word>); a plain string stands for `say`."""
+
+    say: str = Field(min_length=1, max_length=200)
+    """A respelling every engine reads ("win" for Nguyen)."""
+    phonemes: str | None = Field(None, min_length=1, max_length=200)
+    """Phonemes for engines that take them (Piper: espeak-ng IPA); others say `say`."""
+
+
 class TargetSettings(_Section):
     """How one say target's speaker takes its audio (targets.<name>)."""
 
@@ -465,6 +505,13 @@ class TargetSettings(_Section):
     """What <base>/audio/<target> carries: the audio itself, or a small JSON message with the
     answer's URL (url, id, duration_ms, format) for devices that fetch it (ESP32 notifiers,
     whose MQTT clients take messages under 64 KiB)."""
+    chime: str | None = None
+    """Chime before every announcement to this target unless the request names one (or "")."""
+    chime_after: str | None = None
+    """Chime after every announcement to this target unless the request names one (or "")."""
+    gain_db: float = Field(0.0, ge=-30.0, le=20.0)
+    """Gain on top of synthesis.loudness_lufs for this target's speaker (a quiet or loud
+    speaker), applied when the audio is delivered; the cache keeps the normalized audio."""
 
     @model_validator(mode="after")
     def _check_format(self) -> TargetSettings:
@@ -524,6 +571,15 @@ class Settings(_Section):
     targets: dict[str, TargetSettings] = Field(default_factory=dict)
     """Per say target (speaker): the audio format and what its audio topic carries; a target
     not listed gets WAV bytes on its topic."""
+    chimes: ChimesSettings = Field(default_factory=ChimesSettings)
+    presets: dict[str, PresetSettings] = Field(default_factory=dict)
+    """Voices with a chime (e.g. joe_chime: {voice: joe, chime: dingdong}), listed with the
+    voices to Wyoming clients and accepted wherever a voice name is."""
+    lexicon: dict[str, LexiconWord] = Field(default_factory=dict)
+    """Pronunciations shared by every voice: word or phrase -> what to say."""
+    lexicon_file: ExpandedPath | None = None
+    """A YAML or JSON file of more entries in the same form (`lexicon` wins over it), read at
+    start-up."""
     phrases: list[str] = Field(default_factory=list)
     """Sentences to pre-render in quality at idle (for the default voice)."""
     phrases_file: ExpandedPath | None = None
@@ -590,6 +646,33 @@ class Settings(_Section):
                 raise ValueError(f"voices.{name}.fast_voice: {voice.fast_voice!r} is not a voice")
             if voice.fast_voice == name:
                 raise ValueError(f"voices.{name}.fast_voice: a voice cannot be its own fast tier")
+        return self
+
+    @field_validator("lexicon", mode="before")
+    @classmethod
+    def _plain_respellings(cls, value: object) -> object:
+        if isinstance(value, dict):
+            return {k: {"say": v} if isinstance(v, str) else v for k, v in value.items()}
+        return value
+
+    @model_validator(mode="after")
+    def _check_lexicon_words(self) -> Settings:
+        for word in self.lexicon:
+            if not any(c.isalnum() for c in word) or len(word) > 64:
+                raise ValueError(
+                    f"lexicon: entry {word[:70]!r} must be 1-64 characters with a letter"
+                )
+        return self
+
+    @model_validator(mode="after")
+    def _check_presets(self) -> Settings:
+        for name, preset in self.presets.items():
+            if not _NAME_RE.match(name):
+                raise ValueError(f"preset name {name!r} must match {NAME_PATTERN}")
+            if name in self.voices:
+                raise ValueError(f"presets.{name}: a voice has this name already")
+            if preset.voice not in self.voices:
+                raise ValueError(f"presets.{name}.voice: {preset.voice!r} is not a voice")
         return self
 
     @model_validator(mode="after")

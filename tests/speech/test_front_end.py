@@ -86,6 +86,7 @@ def test_cache_key_holds_the_normalized_text(synth: Synthesizer) -> None:
         speaker=voice.speaker,
         options=tuple(sorted(options.cache_fields().items())),
         sample_rate=voice.engine.sample_rate,
+        loudness="-18LUFS/-1dBTP",
     )
     assert synth._key(voice, "It is 21 °C.", options).sentence == (
         "It is twenty-one degrees Celsius."

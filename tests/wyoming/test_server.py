@@ -636,3 +636,14 @@ def test_bridge_process_serves_wyoming(
     assert streamed.rate == HEART_RATE and streamed.events[-1].type == "synthesize-stopped"
     health = bridge_api(probe, "health_check", timeout=TIMEOUT_S)
     assert health["data"]["answers"]["quality"] == 2
+
+
+def test_a_streamed_ssml_document_is_spoken_whole() -> None:
+    stream = SentenceStream()
+    assert stream.add("<speak>One. Two.") == []
+    assert stream.add(' <break time="1s"/> Three. ') == []
+    assert stream.add("Four.</speak>") == []
+    assert stream.finish() == '<speak>One. Two. <break time="1s"/> Three. Four.</speak>'
+    # With text_format ssml the document need not start with <speak> to be kept whole.
+    declared = SentenceStream(whole=True)
+    assert declared.add("One. Two. Three.") == []

@@ -41,6 +41,7 @@ DEFAULT_WER_OUT = Path("bench/results/wer.json")
 DEFAULT_CER_OUT = Path("bench/results/cer.json")
 DEFAULT_ENCODING_OUT = Path("bench/results/encoding.json")
 DEFAULT_HTTP_OUT = Path("bench/results/http_api.json")
+DEFAULT_LOUDNESS_OUT = Path("bench/results/loudness.json")
 
 
 def _setup_logging(settings: Settings | None, debug: bool) -> None:
@@ -366,7 +367,13 @@ def cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
         from tts_bridge.bench.engines import run_encoding_bench
 
         run_encoding_bench(args.out if args.out != DEFAULT_BENCH_OUT else DEFAULT_ENCODING_OUT)
-    if args.http or args.encoding:
+    elif args.loudness:
+        from tts_bridge.bench.loudness import run_loudness_bench
+
+        run_loudness_bench(
+            settings, args.out if args.out != DEFAULT_BENCH_OUT else DEFAULT_LOUDNESS_OUT
+        )
+    if args.http or args.encoding or args.loudness:
         return 0
     if args.sweep:
         from tts_bridge.bench.sweep import run_sweep
@@ -498,6 +505,12 @@ def _add_bench_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         action="store_true",
         help="character error rate, real-time factor and memory of the Chinese voice xiaobei "
         "on household announcements (needs the bench extra)",
+    )
+    bench.add_argument(
+        "--loudness",
+        action="store_true",
+        help="each voice's loudness and its spread on home announcements, before and after "
+        "normalization",
     )
     bench.add_argument(
         "--encoding",

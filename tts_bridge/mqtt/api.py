@@ -23,6 +23,7 @@ from tts_bridge.speech.pipeline import Pipeline, SpeechError
 from tts_bridge.speech.preferences import Preferences, PreferencesError
 from tts_bridge.speech.synthesis import RequestError
 from tts_bridge.speech.voice_admin import VoiceAdminError
+from tts_bridge.text.lexicon import LexiconError
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -74,6 +75,12 @@ class BridgeApi(MqttFrontEnd):
             "cache/clear": lambda _: {"removed": synth.cache.clear()},
             "prerender": self._prerender,
             "default_voice": self._default_voice,
+            "lexicon": lambda _: {"entries": synth.pronunciations.entries()},
+            "lexicon/set": self._lexicon_set,
+            "lexicon/remove": self._lexicon_remove,
+            "chimes": lambda _: {
+                "chimes": [{"name": c.name, "source": c.source} for c in synth.chimes.list()]
+            },
         }
 
     def subscriptions(self) -> list[str]:
@@ -139,6 +146,31 @@ class BridgeApi(MqttFrontEnd):
         queued = idle.request_prerender(phrases, voice)
         self._pipeline.scheduler.wake_background()
         return {"queued_sentences": queued, "pending": idle.pending()}
+
+    def _lexicon_set(self, args: dict[str, Any]) -> dict[str, Any]:
+        word, say, phonemes = args.get("word"), args.get("say"), args.get("phonemes")
+        if not isinstance(word, str) or not isinstance(say, str):
+            raise ApiError("invalid_request", 'give {"word": ..., "say": ...} as strings')
+        if phonemes is not None and not isinstance(phonemes, str):
+            raise ApiError("invalid_request", "'phonemes' must be a string")
+        try:
+            entry, saved = self._pipeline.synthesizer.pronunciations.set(word, say, phonemes)
+        except LexiconError as exc:
+            raise ApiError("invalid_request", str(exc)) from None
+        _LOGGER.info("Lexicon: %r is said %r", entry.word, entry.say)
+        found = {"phonemes": entry.phonemes} if entry.phonemes else {}
+        return {"word": entry.word, "say": entry.say, **found, "saved": saved}
+
+    def _lexicon_remove(self, args: dict[str, Any]) -> dict[str, Any]:
+        word = args.get("word", args.get("value"))
+        if not isinstance(word, str):
+            raise ApiError("invalid_request", 'give the word (plain text or {"word": ...})')
+        try:
+            saved = self._pipeline.synthesizer.pronunciations.remove(word)
+        except LexiconError as exc:
+            raise ApiError("invalid_request", str(exc)) from None
+        _LOGGER.info("Lexicon: %r removed", word[:64])
+        return {"removed": word, "saved": saved}
 
     def _default_voice(self, args: dict[str, Any]) -> dict[str, Any]:
         name = args.get("voice", args.get("value"))

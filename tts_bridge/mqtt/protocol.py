@@ -116,6 +116,9 @@ class SayPayload(BaseModel):
     options: dict[str, StrictBool | StrictInt | StrictFloat] | None = Field(None, max_length=16)
     format: Any = None
     """Checked by AudioFormat.parse (a name or a mapping), which says what is allowed."""
+    chime: StrictStr | None = Field(None, max_length=64)
+    chime_after: StrictStr | None = Field(None, max_length=64)
+    ssml: StrictBool | None = None
 
 
 @dataclass(frozen=True)
@@ -137,6 +140,11 @@ class SayRequest:
     """The client chose the id (so a second copy is a duplicate, see journal.request_key)."""
     format: AudioFormat | None = None
     """The audio format asked for (audio topic and URL); None = the target's."""
+    chime: str | None = None
+    """Chime before the speech ("" = none); None = the voice preset's or the target's."""
+    chime_after: str | None = None
+    ssml: bool | None = None
+    """True: the text is SSML; False: spoken as written; None: SSML if it starts with <speak>."""
 
 
 def mqtt_safe(value: str) -> bool:
@@ -386,6 +394,9 @@ def parse_say(target: str, payload: bytes, limits: LimitsSettings) -> SayRequest
         options=parsed.options,
         id_given=parsed.id is not None,
         format=_parse_format(parsed.format, parsed.id),
+        chime=parsed.chime,
+        chime_after=parsed.chime_after,
+        ssml=parsed.ssml,
     )
 
 

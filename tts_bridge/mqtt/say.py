@@ -12,6 +12,7 @@ refuses the request's audio (an ACL), the answer is the error `not_authorized`.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -35,8 +36,9 @@ from tts_bridge.mqtt.protocol import (
     ok_response,
     parse_say,
 )
+from tts_bridge.speech.loudness import apply_gain
 from tts_bridge.speech.pipeline import Pipeline, SpeechError, SpeechJob
-from tts_bridge.speech.synthesis import AudioPart, SentenceAudio
+from tts_bridge.speech.synthesis import Announcement, AudioPart, SentenceAudio
 from tts_bridge.textlog import short
 from tts_bridge.web.delivery import AudioDelivery, Delivered, DeliveryError, link_message
 from tts_bridge.wire import encode_json
@@ -133,7 +135,13 @@ class SayFrontEnd(MqttFrontEnd):
         try:
             request = parse_say(target, payload, self._settings.limits)
             _LOGGER.info("Request %s for %s: %s", request.id, target, short(request.text))
-            plan = self._pipeline.check(request.text, request.voice, request.lang, request.options)
+            plan = self._pipeline.check(
+                request.text,
+                request.voice,
+                request.lang,
+                request.options,
+                self._announcement(request),
+            )
             # Again with the speed the voice renders at (its own default may be slow).
             check_audio_seconds(
                 " ".join(plan.sentences), plan.options.speed, self._settings.limits, request.id
@@ -177,6 +185,16 @@ class SayFrontEnd(MqttFrontEnd):
             force=message is None,
         ):
             self._refuse(request.id, "busy", self._pipeline.busy_message(), reply, target, closing)
+
+    def _announcement(self, request: SayRequest) -> Announcement:
+        target = self._settings.targets.get(request.target)
+        return Announcement(
+            chime=request.chime,
+            chime_after=request.chime_after,
+            default_chime=target.chime if target is not None else None,
+            default_chime_after=target.chime_after if target is not None else None,
+            ssml=request.ssml,
+        )
 
     def _journal_accept(
         self, message: IncomingMessage, request: SayRequest, reply: ReplyTo
@@ -229,12 +247,22 @@ class SayFrontEnd(MqttFrontEnd):
         pieces: list[SentenceAudio] = []
         delivery = Delivery()
 
+        target = self._settings.targets.get(request.target)
+        gain_db = target.gain_db if target is not None else 0.0
+
         def on_part(part: AudioPart) -> None:  # out as soon as it is made
+            if gain_db:
+                part = dataclasses.replace(part, pcm=apply_gain(part.pcm, gain_db))
             self._outbox.stream_part(request.target, flags, part, job.sample_rate, delivery)
 
         try:
             rendering = self._pipeline.render(
-                job, on_sentence=pieces.append, on_part=on_part if request.stream else None
+                job,
+                on_sentence=lambda piece: pieces.append(
+                    dataclasses.replace(piece, pcm=apply_gain(piece.pcm, gain_db))
+                ),
+                on_part=on_part if request.stream else None,
+                volume=10 ** (gain_db / 20) if gain_db else None,
             )
         except SpeechError as exc:
             self._refuse(request.id, exc.code, str(exc), reply, request.target, closing)
@@ -261,7 +289,7 @@ class SayFrontEnd(MqttFrontEnd):
                     request.target,
                     audio,
                     flags,
-                    lambda: self._pipeline.sentence_parts(pieces, rendering.sample_rate),
+                    lambda: self._pipeline.sentence_parts(pieces, rendering),
                     rendering.sample_rate,
                     delivery=delivery,
                     content_type=content_type,

@@ -61,6 +61,8 @@ class CacheKey:
     speaker: str | None
     options: tuple[tuple[str, object], ...]
     sample_rate: int
+    loudness: str = "off"
+    """The loudness the audio was normalized to (LoudnessNormalizer.cache_field)."""
 
     def digest(self) -> str:
         blob = json.dumps([_FORMAT, *asdict(self).values()], ensure_ascii=False, default=str)

@@ -8,6 +8,7 @@ scheduler's worker threads, which `submit` hands the job to.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -23,6 +24,7 @@ from tts_bridge.speech.metrics import Metrics
 from tts_bridge.speech.routing import Route, TierRouter
 from tts_bridge.speech.scheduler import Scheduler
 from tts_bridge.speech.synthesis import (
+    Announcement,
     AudioPart,
     Plan,
     Rendering,
@@ -90,6 +92,8 @@ class VoiceInfo:
 class VoiceCatalog:
     voices: tuple[VoiceInfo, ...]
     default_voice: str
+    presets: tuple[VoiceInfo, ...] = ()
+    """Voices with chimes (presets), described as their voice with their own name."""
 
 
 class Counters:
@@ -161,9 +165,10 @@ class Pipeline:
         budget_ms: int | None = None,
         target: str = "default",
         received: float | None = None,
+        announcement: Announcement | None = None,
     ) -> SpeechJob:
         """Validate and route a request; raises SpeechError (an unknown voice included)."""
-        plan = self.check(text, voice, lang, options)
+        plan = self.check(text, voice, lang, options, announcement)
         return self.route(
             request_id,
             plan,
@@ -180,11 +185,12 @@ class Pipeline:
         voice: str | None = None,
         lang: str | None = None,
         options: Mapping[str, object] | None = None,
+        announcement: Announcement | None = None,
     ) -> Plan:
         """Validation alone (the first half of `prepare`), for a front end that must record a
         request durably between validating and routing it."""
         try:
-            return self.synthesizer.validate(text, voice, lang, options)
+            return self.synthesizer.validate(text, voice, lang, options, announcement)
         except RequestError as exc:
             raise SpeechError(exc.code, str(exc)) from exc
         except UnknownVoiceError as exc:
@@ -352,9 +358,11 @@ class Pipeline:
             return None
         return fast
 
-    def sentence_parts(self, pieces: Sequence[SentenceAudio], sample_rate: int) -> list[AudioPart]:
+    def sentence_parts(
+        self, pieces: Sequence[SentenceAudio], rendering: Rendering
+    ) -> list[AudioPart]:
         """Whole sentences as the per-sentence stream messages (for audio too big as one)."""
-        return self.synthesizer.sentence_parts(pieces, sample_rate)
+        return self.synthesizer.sentence_parts(pieces, rendering.sample_rate, rendering.layout)
 
     # counters and descriptions
 
@@ -373,21 +381,33 @@ class Pipeline:
 
     def voices(self) -> VoiceCatalog:
         engines = self.synthesizer.engines
+        voices = {
+            v.name: VoiceInfo(
+                name=v.name,
+                languages=tuple(sorted(v.engine.languages)),
+                engine=v.engine.name,
+                tier=v.tier,
+                description=v.settings.description,
+                sample_rate=v.engine.sample_rate,
+                backend=v.backend,
+                fast_voice=v.settings.fast_voice,
+            )
+            for v in engines
+        }
+        presets = []
+        for name, preset in self.settings.presets.items():
+            base = voices.get(preset.voice)
+            if base is None:
+                continue
+            chimes = " and ".join(c for c in (preset.chime, preset.chime_after) if c)
+            described = preset.description or (
+                f"{base.name} with {chimes}" if chimes else base.name
+            )
+            presets.append(dataclasses.replace(base, name=name, description=described))
         return VoiceCatalog(
-            voices=tuple(
-                VoiceInfo(
-                    name=v.name,
-                    languages=tuple(sorted(v.engine.languages)),
-                    engine=v.engine.name,
-                    tier=v.tier,
-                    description=v.settings.description,
-                    sample_rate=v.engine.sample_rate,
-                    backend=v.backend,
-                    fast_voice=v.settings.fast_voice,
-                )
-                for v in engines
-            ),
+            voices=tuple(voices.values()),
             default_voice=engines.default_voice,
+            presets=tuple(presets),
         )
 
     def engine_identities(self) -> list[str]:

@@ -30,7 +30,10 @@ from tts_bridge.engines.base import (
 )
 from tts_bridge.engines.registry import BackendFallbackError, EnginePool, Voice
 from tts_bridge.speech.cache import CacheKey, SentenceCache
+from tts_bridge.speech.chimes import ChimeError, ChimeLibrary
+from tts_bridge.speech.loudness import LoudnessNormalizer, PieceLevel
 from tts_bridge.speech.metrics import Metrics
+from tts_bridge.speech.pronunciations import Pronunciations
 from tts_bridge.speech.routing import CostEstimator
 from tts_bridge.text.english import for_english_voice
 from tts_bridge.text.normalize import detect_language, normalize
@@ -40,8 +43,15 @@ from tts_bridge.text.sentences import (
     is_speakable,
     split_sentences,
 )
+from tts_bridge.text.ssml import Script, SsmlError, is_ssml
+from tts_bridge.text.ssml import parse as parse_ssml
 
 _LOGGER = logging.getLogger(__name__)
+
+
+_SENTENCE_ENDS = (".", "!", "?", "。", "！", "？", "…")
+_SSML_MARKUP_FACTOR = 4
+"""An SSML document may be this many times the text limit (its markup is not spoken)."""
 
 
 class RequestError(Exception):
@@ -78,25 +88,43 @@ class AudioPart:
     last: bool
 
 
+@dataclass(frozen=True)
+class StreamLayout:
+    """What an answer has around and between its sentences: before each sentence its pause (the
+    first sentence's is the chime and its gap, if any), after the last one the closing chime."""
+
+    before: tuple[audio.Int16Audio, ...]
+    after: audio.Int16Audio
+
+    def join(self, pieces: Sequence[audio.Int16Audio]) -> audio.Int16Audio:
+        parts: list[audio.Int16Audio] = []
+        for index, pcm in enumerate(pieces):
+            parts += [self.before[index], pcm]
+        parts.append(self.after)
+        return np.concatenate(parts) if parts else audio.silence(1, 0)
+
+
 class StreamNumbering:
     """Parts of successive sentences -> the request's stream messages: `seq` 0, 1, 2, ... across
-    the request, `last` only on the last sentence's final part, and the sentence pause at the
-    start of the first part of every sentence after the first, so that the messages joined are
-    the one-WAV answer sample for sample."""
+    the request, `last` only on the last sentence's final part, what the layout puts before a
+    sentence at the start of its first part and what it puts after the last sentence at the end
+    of its final part, so that the messages joined are the one-WAV answer sample for sample."""
 
     def __init__(
-        self, on_part: Callable[[AudioPart], None], sentences: int, pause: audio.Int16Audio
+        self, on_part: Callable[[AudioPart], None], sentences: int, layout: StreamLayout
     ) -> None:
         self._on_part = on_part
         self._sentences = sentences
-        self._pause = pause
+        self._layout = layout
         self._next = 0
 
     def __call__(self, part: AudioPart) -> None:
         pcm = part.pcm
-        if part.seq == 0 and part.sentence > 0 and self._pause.size:
-            pcm = np.concatenate([self._pause, pcm])
+        before = self._layout.before[part.sentence] if part.seq == 0 else None
         last = part.last and part.sentence == self._sentences - 1
+        after = self._layout.after if last else None
+        if (before is not None and before.size) or (after is not None and after.size):
+            pcm = np.concatenate([x for x in (before, pcm, after) if x is not None])
         self._on_part(dataclasses.replace(part, seq=self._next, pcm=pcm, last=last))
         self._next += 1
 
@@ -120,6 +148,8 @@ class Rendering:
     Chinese sentence in an English voice's request); empty when `voice` spoke them all."""
     pcm: audio.Int16Audio = field(default_factory=lambda: audio.silence(1, 0), repr=False)
     """The samples of `wav` (what other formats are encoded from)."""
+    layout: StreamLayout | None = field(default=None, repr=False)
+    """Pauses and chimes around the sentences (for `Synthesizer.sentence_parts`)."""
 
     @property
     def cached(self) -> bool:
@@ -156,6 +186,29 @@ class Plan:
     others: tuple[Voice | None, ...] = ()
     """Per sentence, the voice that speaks it instead of the rendering voice because that one
     does not speak its language (None: the rendering voice); empty when there is none."""
+    chime: str | None = None
+    """The chime before the speech."""
+    chime_after: str | None = None
+    """The chime after the speech."""
+    gaps_ms: tuple[int, ...] = ()
+    """Silence before each sentence and after the last (len(sentences) + 1; SSML breaks);
+    empty = the configured sentence pause between sentences."""
+    rates: tuple[float, ...] = ()
+    """Per sentence, a factor on the speed (SSML prosody rate); empty = 1 for all."""
+
+
+@dataclass(frozen=True)
+class Announcement:
+    """How a request is presented beyond its words: chimes (a name, "" for none, None for the
+    default: the preset's, else the door's `default_chime`)."""
+
+    chime: str | None = None
+    chime_after: str | None = None
+    default_chime: str | None = None
+    """The say target's chime (targets.<t>.chime)."""
+    default_chime_after: str | None = None
+    ssml: bool | None = None
+    """True: the text is SSML; False: spoken as written; None: SSML if it starts with <speak>."""
 
 
 class EngineStats:
@@ -187,20 +240,33 @@ class Synthesizer:
         engines: EnginePool,
         cache: SentenceCache,
         estimator: CostEstimator | None = None,
+        pronunciations: Pronunciations | None = None,
     ) -> None:
         self._settings = settings
+        self.pronunciations = pronunciations or Pronunciations.from_settings(settings, None)
+        """The lexicon (without a state folder: the configured entries, edits not kept)."""
         self.engines = engines
         self.cache = cache
         self.estimator = estimator or CostEstimator()
         self.stats = EngineStats()
         self.metrics: Metrics | None = None
         """Where cache lookups and synthesis times are counted, when the service has metrics."""
+        self.loudness = LoudnessNormalizer(
+            settings.synthesis.loudness_lufs, settings.synthesis.true_peak_dbtp
+        )
+        self.chimes = ChimeLibrary(settings.chimes, self.loudness)
+        self._recent_gain: dict[str, float] = {}
+        """Per voice, the last sentence's loudness gain: what the parts of a sentence streamed
+        before its end are scaled by (its own gain is known only once it is complete)."""
 
     def front_text(self, engine: Engine, sentence: str) -> str:
         """The sentence as the engine's phonemizer needs it (its `front_end`, see
         `tts_bridge.engines.base.FrontEnd`): what the engine is given and what its cache key
         holds, so that a changed reading renders fresh audio, and a sentence the front end
         leaves alone keeps its key."""
+        # The lexicon first: a respelled name is then read like any other word, a number in a
+        # respelling like any other number.
+        sentence = self.pronunciations.apply(sentence, phonemes=engine.name == "piper")
         front = getattr(engine, "front_end", "none")
         order = self._settings.synthesis.date_order
         if front == "english":
@@ -217,7 +283,36 @@ class Synthesizer:
             speaker=voice.speaker,
             options=tuple(sorted(options.cache_fields().items())),
             sample_rate=voice.engine.sample_rate,
+            loudness=self.loudness.cache_field(),
         )
+
+    def _normalized(self, voice: Voice, pcm: audio.Int16Audio) -> audio.Int16Audio:
+        """A new sentence at the bridge's loudness (what is cached and answered)."""
+        if not self.loudness.enabled or pcm.size == 0:
+            return pcm
+        pcm, gain = self.loudness.normalize(pcm, voice.engine.sample_rate)
+        self._recent_gain[voice.name] = gain
+        return pcm
+
+    def _part_pcm(
+        self, voice: Voice, level: PieceLevel, chunk: FloatAudio, *, whole: bool
+    ) -> audio.Int16Audio:
+        """A streamed part: the whole sentence at its own loudness, or a piece of one at the
+        sentence's gain (see PieceLevel)."""
+        pcm = audio.to_pcm16(chunk)
+        return self._normalized(voice, pcm) if whole else level.piece(pcm)
+
+    def _sentence_pcm(
+        self, voice: Voice, level: PieceLevel, chunks: list[FloatAudio], exact: FloatAudio | None
+    ) -> audio.Int16Audio:
+        """A finished sentence at the bridge's loudness: what went out, when it went out in
+        pieces; else the engine's audio normalized."""
+        if level.used:
+            self._recent_gain.setdefault(voice.name, level.gain or 0.0)
+            return level.whole(audio.to_pcm16(exact) if exact is not None else None)
+        chunks = [exact] if exact is not None else chunks
+        raw = audio.to_pcm16(np.concatenate(chunks)) if chunks else audio.silence(1, 0)
+        return self._normalized(voice, raw)
 
     def options_for(
         self, voice: Voice, overrides: Mapping[str, object] | None = None
@@ -316,10 +411,15 @@ class Synthesizer:
         held: FloatAudio | None = None  # the newest piece, until we know whether it is the last
         sent = 0
 
+        level = PieceLevel(
+            self.loudness, voice.engine.sample_rate, self._recent_gain.get(voice.name)
+        )
+
         def release(chunk: FloatAudio, last: bool) -> None:
             nonlocal sent
             if on_part is not None:
-                on_part(AudioPart(sent, index, audio.to_pcm16(chunk), cached=False, last=last))
+                pcm = self._part_pcm(voice, level, chunk, whole=last and sent == 0)
+                on_part(AudioPart(sent, index, pcm, cached=False, last=last))
             sent += 1
 
         # Closed explicitly: a streaming engine holds its lock between chunks, so a failure
@@ -351,9 +451,7 @@ class Synthesizer:
             return self.sentence(voice, index, text, options, use_cache, on_part=on_part)
         release(held if held is not None else np.zeros(0, dtype=np.float32), last=True)
         elapsed = time.perf_counter() - started
-        if exact is not None:
-            chunks = [exact]
-        pcm = audio.to_pcm16(np.concatenate(chunks)) if chunks else audio.silence(1, 0)
+        pcm = self._sentence_pcm(voice, level, chunks, exact)
         self._account(voice, len(text), elapsed, pcm, stages)
         if pcm.size and use_cache:
             self.cache.put(key, pcm, voice.tier, voice.engine.identity)
@@ -417,11 +515,21 @@ class Synthesizer:
             _LOGGER.exception("Engine %s failed to load", engine.identity)
             raise EngineError(f"{engine.name} failed to load: {type(exc).__name__}") from exc
 
-    def sentence_parts(self, pieces: Sequence[SentenceAudio], sample_rate: int) -> list[AudioPart]:
+    def sentence_parts(
+        self,
+        pieces: Sequence[SentenceAudio],
+        sample_rate: int,
+        layout: StreamLayout | None = None,
+    ) -> list[AudioPart]:
         """Whole sentences as the stream messages `render_plan` would have sent for engines
-        that make each sentence in one chunk (one message per sentence)."""
+        that make each sentence in one chunk (one message per sentence); `layout` is the
+        rendering's (pauses and chimes), by default the sentence pause alone."""
         parts: list[AudioPart] = []
-        numbering = StreamNumbering(parts.append, len(pieces), self._pause(sample_rate))
+        if layout is None:
+            pause = self._pause(sample_rate)
+            before = tuple(pause if i else audio.silence(1, 0) for i in range(len(pieces)))
+            layout = StreamLayout(before, audio.silence(1, 0))
+        numbering = StreamNumbering(parts.append, len(pieces), layout)
         for piece in pieces:
             numbering(AudioPart(0, piece.index, piece.pcm, piece.cached, last=True))
         return parts
@@ -435,13 +543,113 @@ class Synthesizer:
         voice_name: str | None,
         lang: str | None,
         options: Mapping[str, object] | None = None,
+        announcement: Announcement | None = None,
     ) -> Plan:
-        """Check a request cheaply (no model): the voice, the text, the language, the options.
+        """Check a request cheaply (no model): the voice (or preset), the text, the language,
+        the options, the chimes.
 
         Raises UnknownVoiceError or RequestError.
         """
-        voice = self.engines.voice(voice_name)
-        sentences = prepare_text(text, self._settings.limits.max_text_chars)
+        announcement = announcement or Announcement()
+        preset = self._settings.presets.get(voice_name) if voice_name else None
+        voice = self.engines.voice(preset.voice if preset is not None else voice_name)
+        if not (announcement.ssml if announcement.ssml is not None else is_ssml(text)):
+            sentences = prepare_text(text, self._settings.limits.max_text_chars)
+            plan = self._validate_speech(voice, sentences, lang, options)
+        else:
+            script = self._parse_ssml(text)
+            sentences, gaps, rates = self._ssml_sentences(script)
+            plan = self._validate_speech(voice, sentences, lang, options)
+            plan = dataclasses.replace(plan, gaps_ms=tuple(gaps), rates=tuple(rates))
+            # A chime in the SSML is the request's own, unless the request names one too.
+            announcement = dataclasses.replace(
+                announcement,
+                chime=announcement.chime if announcement.chime is not None else script.chime,
+                chime_after=(
+                    announcement.chime_after
+                    if announcement.chime_after is not None
+                    else script.chime_after
+                ),
+            )
+        chime, after = self._chimes_for(voice_name, announcement)
+        if chime or after:
+            plan = dataclasses.replace(plan, chime=chime, chime_after=after)
+        return plan
+
+    def _parse_ssml(self, text: str) -> Script:
+        limit = self._settings.limits.max_text_chars
+        # Markup is not speech, but a document many times the text limit is not an announcement.
+        if len(text) > _SSML_MARKUP_FACTOR * limit:
+            raise RequestError(
+                "text_too_long",
+                f"the SSML has {len(text)} characters; the limit is {_SSML_MARKUP_FACTOR * limit}",
+            )
+        try:
+            return parse_ssml(text)
+        except SsmlError as exc:
+            raise RequestError("invalid_ssml", str(exc)) from None
+
+    def _ssml_sentences(self, script: Script) -> tuple[list[str], list[int], list[float]]:
+        """The sentences of an SSML script, the silence before each and after the last (ms),
+        and each one's rate."""
+        # The whole text is checked as plain text is (empty, too long, nothing to say).
+        prepare_text(" ".join(p.text for p in script.pieces), self._settings.limits.max_text_chars)
+        pause = self._settings.synthesis.sentence_pause_ms
+        sentences: list[str] = []
+        gaps: list[int] = []
+        rates: list[float] = []
+        owed: int | None = 0  # silence before the next sentence; None: the usual pause
+        for piece in script.pieces:
+            if piece.pause_before_ms is not None:
+                owed = piece.pause_before_ms if owed is None else owed + piece.pause_before_ms
+            elif piece.joined and sentences and not sentences[-1].endswith(_SENTENCE_ENDS):
+                owed = 0  # a rate change inside a sentence: no pause where none is written
+            for sentence in split_sentences(clean(piece.text)):
+                if not is_speakable(sentence):
+                    continue
+                gaps.append(pause if owed is None else owed)
+                sentences.append(sentence)
+                rates.append(piece.rate)
+                owed = None
+        gaps.append(script.trailing_ms + (owed or 0))
+        if sum(gaps) / 1000 > self._settings.limits.max_audio_s:
+            raise RequestError(
+                "invalid_ssml",
+                f"the breaks add up to {sum(gaps) / 1000:.0f} s; the limit is "
+                f"{self._settings.limits.max_audio_s:g} s of audio",
+            )
+        return sentences, gaps, rates
+
+    def _chimes_for(
+        self, voice_name: str | None, announcement: Announcement
+    ) -> tuple[str | None, str | None]:
+        """The request's chimes: its own, else its preset's, else its target's ("" = none)."""
+        preset = self._settings.presets.get(voice_name) if voice_name else None
+        chosen: list[str | None] = []
+        for own, of_preset, default in (
+            (announcement.chime, preset.chime if preset else None, announcement.default_chime),
+            (
+                announcement.chime_after,
+                preset.chime_after if preset else None,
+                announcement.default_chime_after,
+            ),
+        ):
+            name = next((n for n in (own, of_preset, default) if n is not None), None)
+            if name:
+                try:
+                    self.chimes.check(name)
+                except ChimeError as exc:
+                    raise RequestError(exc.code, str(exc)) from None
+            chosen.append(name or None)
+        return chosen[0], chosen[1]
+
+    def _validate_speech(
+        self,
+        voice: Voice,
+        sentences: list[str],
+        lang: str | None,
+        options: Mapping[str, object] | None,
+    ) -> Plan:
         if lang is not None:  # asked for: the whole text, by this voice
             self._check_language(voice, lang)
             return Plan(
@@ -525,11 +733,11 @@ class Synthesizer:
         `sentence`): the rendering has the exact audio."""
         options = self.options_for_plan(voice, plan)
         sample_rate = voice.engine.sample_rate
-        pause = self._pause(sample_rate)
+        layout = self.layout(plan, sample_rate)
         numbering = (
-            StreamNumbering(on_part, len(plan.sentences), pause) if on_part is not None else None
+            StreamNumbering(on_part, len(plan.sentences), layout) if on_part is not None else None
         )
-        parts: list[audio.Int16Audio] = []
+        pieces: list[audio.Int16Audio] = []
         cached = 0
         started = time.perf_counter()
         for index, sentence in enumerate(plan.sentences):
@@ -541,18 +749,17 @@ class Synthesizer:
                 if numbering is not None:
                     numbering(AudioPart(0, index, piece.pcm, piece.cached, last=True))
             else:
-                piece = self.sentence(voice, index, sentence, options, use_cache, on_part=numbering)
+                at_rate = _at_rate(options, plan.rates[index] if plan.rates else 1.0)
+                piece = self.sentence(voice, index, sentence, at_rate, use_cache, on_part=numbering)
             cached += piece.cached
             if on_sentence is not None:
                 on_sentence(piece)
-            if parts and pause.size:
-                parts.append(pause)
-            parts.append(piece.pcm)
-        pcm = np.concatenate(parts) if parts else audio.silence(sample_rate, 0)
-        if pcm.size == 0:
+            pieces.append(piece.pcm)
+        if not any(p.size for p in pieces):
             raise RequestError("nothing_speakable", "the voice produced no audio for this text")
+        pcm = layout.join(pieces)
         if volume is not None and volume != 1.0:  # after the cache: it stores full-scale audio
-            pcm = np.asarray(np.round(pcm * volume), dtype="<i2")
+            pcm = np.asarray(np.clip(np.round(pcm * volume), -32768, 32767), dtype="<i2")
         return Rendering(
             wav=audio.encode_wav(pcm, sample_rate),
             sample_rate=sample_rate,
@@ -565,14 +772,37 @@ class Synthesizer:
             synth_seconds=time.perf_counter() - started,
             sentence_voices=tuple((o or voice).name for o in plan.others),
             pcm=pcm,
+            layout=layout,
         )
+
+    def layout(self, plan: Plan, sample_rate: int) -> StreamLayout:
+        """The plan's pauses and chimes at `sample_rate` (raises RequestError for a chime file
+        that does not decode)."""
+        count = len(plan.sentences)
+        if plan.gaps_ms:
+            gaps = [audio.silence(sample_rate, ms) for ms in plan.gaps_ms]
+        else:
+            pause = self._pause(sample_rate)
+            gaps = [audio.silence(1, 0), *([pause] * max(count - 1, 0)), audio.silence(1, 0)]
+        gap = audio.silence(sample_rate, self._settings.chimes.gap_ms)
+        try:
+            if plan.chime:
+                gaps[0] = np.concatenate([self.chimes.pcm(plan.chime, sample_rate), gap, gaps[0]])
+            if plan.chime_after:
+                after = self.chimes.pcm(plan.chime_after, sample_rate)
+                gaps[-1] = np.concatenate([gaps[-1], gap, after])
+        except ChimeError as exc:
+            raise RequestError(exc.code, str(exc)) from None
+        return StreamLayout(tuple(gaps[:count]), gaps[count])
 
     def _sentence_by(
         self, other: Voice, plan: Plan, index: int, *, sample_rate: int, use_cache: bool
     ) -> SentenceAudio:
         """A sentence spoken by another voice than the request's, at the request's rate (one
         part when streamed: resampled whole, so the stream joins to the one-WAV answer)."""
-        options = self.options_for_plan(other, plan)
+        options = _at_rate(
+            self.options_for_plan(other, plan), plan.rates[index] if plan.rates else 1.0
+        )
         piece = self.sentence(other, index, plan.sentences[index], options, use_cache)
         pcm = audio.resample(piece.pcm, other.engine.sample_rate, sample_rate)
         return dataclasses.replace(piece, pcm=pcm)
@@ -627,7 +857,10 @@ class Synthesizer:
                 _LOGGER.exception("Engine %s failed", engine.identity)
                 raise EngineError(f"{engine.name} failed: {type(exc).__name__}") from exc
             elapsed = time.perf_counter() - started
-            pcms = [audio.to_pcm16(clip) if clip.size else audio.silence(1, 0) for clip in clips]
+            pcms = [
+                self._normalized(voice, audio.to_pcm16(clip)) if clip.size else audio.silence(1, 0)
+                for clip in clips
+            ]
             self.stats.add(engine.identity, elapsed, sum(p.size for p in pcms) / engine.sample_rate)
             for (index, _), pcm in zip(together, pcms, strict=True):
                 if pcm.size:
@@ -637,6 +870,14 @@ class Synthesizer:
         for index in alone:
             results[index] = self.sentence(voice, index, texts[index], options, True)
         return [results[index] for index in range(len(texts))]
+
+
+def _at_rate(options: SynthesisOptions, rate: float) -> SynthesisOptions:
+    """`options` with the speed times `rate`, within the engine's allowed range."""
+    if rate == 1.0:
+        return options
+    low, high = options.ranges["speed"].low, options.ranges["speed"].high
+    return dataclasses.replace(options, speed=min(max(options.speed * rate, low), high))
 
 
 def _no_audio() -> Generator[FloatAudio, None, FloatAudio | None]:

@@ -23,6 +23,7 @@ from wyoming.info import Attribution, Info, TtsProgram, TtsVoice
 from zeroconf import ServiceInfo
 
 from tts_bridge.text.sentences import clean, split_sentences
+from tts_bridge.text.ssml import is_ssml
 
 SAMPLE_WIDTH = 2
 """Bytes per sample: the bridge's audio is 16-bit PCM."""
@@ -163,6 +164,15 @@ def requested_voice(data: dict[str, Any]) -> RequestedVoice:
     )
 
 
+def text_format_ssml(data: dict[str, Any]) -> bool | None:
+    """A synthesize event's `text_format` (newer Wyoming clients): True for "ssml", False for
+    any other format named, None when it is not given."""
+    value = data.get("text_format")
+    if value is None:
+        return None
+    return bool(value == "ssml")
+
+
 def event_text(event: Event) -> str:
     """The `text` of a synthesize or synthesize-chunk event."""
     text = event.data.get("text")
@@ -223,14 +233,19 @@ class SentenceStream:
     "done."; "...done." alone may yet be "Dr."), so the last sentence waits for `finish`.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, whole: bool = False) -> None:
         self._pending = ""
+        self._whole = whole
+        """SSML: one document, spoken once it is complete (a sentence cut out of it is not XML)."""
         self.chars = 0
         """Characters received (after cleaning, give or take the spaces between pieces)."""
 
     def add(self, text: str) -> list[str]:
         self.chars += len(clean(text))
         self._pending += text
+        if self._whole or is_ssml(self._pending):
+            self._whole = True
+            return []
         pieces = split_sentences(clean(self._pending))
         if len(pieces) < 2:
             return []

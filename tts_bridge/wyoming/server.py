@@ -43,7 +43,7 @@ from tts_bridge.config import Settings, WyomingSettings
 from tts_bridge.engines.base import Tier
 from tts_bridge.speech.async_delivery import AsyncDelivery, Finished
 from tts_bridge.speech.pipeline import Pipeline, SpeechError
-from tts_bridge.speech.synthesis import AudioPart
+from tts_bridge.speech.synthesis import Announcement, AudioPart
 from tts_bridge.textlog import short
 from tts_bridge.wire import new_id
 from tts_bridge.wyoming.events import (
@@ -61,6 +61,7 @@ from tts_bridge.wyoming.events import (
     read_event,
     requested_voice,
     service_info,
+    text_format_ssml,
 )
 
 _LOGGER = logging.getLogger(__name__)
@@ -88,7 +89,7 @@ def voice_entries(pipeline: Pipeline) -> tuple[list[VoiceEntry], str]:
         VoiceEntry(
             name=v.name, description=v.description or "", languages=v.languages, engine=v.engine
         )
-        for v in catalog.voices
+        for v in (*catalog.voices, *catalog.presets)
     ]
     return entries, catalog.default_voice
 
@@ -144,6 +145,8 @@ class _Answer:
     started: bool = False
     jobs: int = 0
     received: float = field(default_factory=time.monotonic)
+    ssml: bool | None = None
+    """A client's `text_format: ssml`; None: SSML when the text starts with <speak>."""
 
 
 @dataclass
@@ -290,6 +293,7 @@ class _Session(AsyncEventHandler):
             self._stream.whole_text = text
             return
         answer = self._answer_for(requested_voice(event.data))
+        answer.ssml = text_format_ssml(event.data)
         _LOGGER.info("Wyoming request from %s (%s): %s", self._peer, answer.voice, short(text))
         self._busy = True
         await self._say(answer, text)
@@ -302,8 +306,9 @@ class _Session(AsyncEventHandler):
         if self._stream is not None:
             raise WyomingRequestError("unexpected_event", "synthesize-start inside a stream")
         answer = self._answer_for(requested_voice(event.data))
+        answer.ssml = text_format_ssml(event.data)
         _LOGGER.info("Wyoming stream from %s (%s) started", self._peer, answer.voice)
-        stream = _Stream(answer)
+        stream = _Stream(answer, SentenceStream(whole=answer.ssml is True))
         stream.speaker = asyncio.create_task(self._speak_stream(stream), name="wyoming speaker")
         self._stream = stream
         self._busy = True
@@ -394,6 +399,7 @@ class _Session(AsyncEventHandler):
                 lang=answer.language,
                 tier=answer.tier,
                 target=TARGET,
+                announcement=Announcement(ssml=answer.ssml),
             )
         except SpeechError as exc:
             raise WyomingRequestError(exc.code, str(exc)) from None
