@@ -109,7 +109,13 @@ def test_english_sentence_with_a_chinese_name_is_spoken(synth: Synthesizer) -> N
     assert rendering.sentence_voices == ()
 
 
-def test_chinese_sentence_without_a_chinese_voice_is_refused(synth: Synthesizer) -> None:
+def test_chinese_sentence_without_a_chinese_voice_is_refused(tmp_path: Path) -> None:
+    # A configuration that lists its own voices and none of them speaks Chinese.
+    voices = {"joe": {"engine": "piper", "fast_voice": "heart"}, "heart": {"engine": "hibari"}}
+    settings = load_settings(
+        None, {"cache": {"dir": str(tmp_path / "cache")}, "voices": voices}, environ={}
+    )
+    english_only = Synthesizer(settings, EnginePool(settings), SentenceCache(settings.cache))
     with pytest.raises(RequestError) as caught:
-        synth.render("Call from 王小明. 王小明说他马上到家。", "joe")
+        english_only.render("Call from 王小明. 王小明说他马上到家。", "joe")
     assert caught.value.code == "unsupported_language"
