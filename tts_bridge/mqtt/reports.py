@@ -30,14 +30,18 @@ class Reports(MqttFrontEnd):
         outbox: Outbox,
         pipeline: Pipeline,
         faults: Callable[[], Mapping[str, Any]] | None = None,
+        *,
         configuration_url: Callable[[], str | None] | None = None,
+        doors: Callable[[], Mapping[str, Any]] | None = None,
     ) -> None:
         """`faults` adds the service's fault counts to health (journal, refused answers);
+        `doors` the network doors' connections and the open files;
         `configuration_url` is the bridge's status page while it is served (None when not),
         the device's "Visit" link in Home Assistant."""
         self._settings = settings
         self._configuration_url = configuration_url
         self._faults = faults
+        self._doors = doors
         self._outbox = outbox
         self._pipeline = pipeline
         self.topics = outbox.topics
@@ -118,6 +122,7 @@ class Reports(MqttFrontEnd):
             "cache_write_errors": cache["write_errors"],
             **self._outbox.connection_health(),
             **(self._faults() if self._faults is not None else {}),
+            **(self._doors() if self._doors is not None else {}),
             "rss_mb": round(psutil.Process().memory_info().rss / 2**20, 1),
             "loaded_models": engines.loaded(),
             "model_memory_mb": {k: round(v) for k, v in engines.resident_mb().items()},
