@@ -314,16 +314,8 @@ class Scheduler:
         return self._share_refusal(door, peer)
 
     def _share_refusal(self, door: str, peer: str | None) -> Admission | None:
+        # The client's own share first: the more precise answer when both are full.
         counted = [j for jobs in self._lanes.values() for j in jobs if _shares_count(j)]
-        from_door = sum(1 for j in counted if j.door == door)
-        if from_door >= self._door_cap:
-            return Admission(
-                False,
-                "limits.door_share",
-                f"the bridge is busy: {from_door} {door} requests are queued, this door's "
-                f"share of the queue (limits.door_share: {self._door_cap} of "
-                f"{self._max_queue}); retry later",
-            )
         from_peer = sum(1 for j in counted if j.peer == peer) if peer is not None else 0
         if from_peer >= self._peer_cap:
             return Admission(
@@ -331,6 +323,15 @@ class Scheduler:
                 "limits.peer_share",
                 f"the bridge is busy: {from_peer} requests from {peer} are queued, one "
                 f"client's share of the queue (limits.peer_share: {self._peer_cap} of "
+                f"{self._max_queue}); retry later",
+            )
+        from_door = sum(1 for j in counted if j.door == door)
+        if from_door >= self._door_cap:
+            return Admission(
+                False,
+                "limits.door_share",
+                f"the bridge is busy: {from_door} {door} requests are queued, this door's "
+                f"share of the queue (limits.door_share: {self._door_cap} of "
                 f"{self._max_queue}); retry later",
             )
         return None

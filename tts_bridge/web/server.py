@@ -244,6 +244,10 @@ class AudioServer:
             await runner.cleanup()
             self._runner = None
 
+    def describe(self) -> dict[str, object]:
+        """Connections and what the loop reported, for the health report."""
+        return {**self.gate.snapshot(), "accept_errors": self.faults.snapshot()}
+
     # -- requests ----------------------------------------------------------------------------
 
     @web.middleware

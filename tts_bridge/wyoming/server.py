@@ -554,7 +554,10 @@ class WyomingServer:
             self._ready.set()
 
     async def _session(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await _Session(self, reader, writer).run()
+        # Cancelled only when the server stops; asyncio's stream callback would report a
+        # cancelled session as an error.
+        with contextlib.suppress(asyncio.CancelledError):
+            await _Session(self, reader, writer).run()
 
     def _protocol(self) -> asyncio.Protocol:
         reader = asyncio.StreamReader(limit=LINE_LIMIT)
