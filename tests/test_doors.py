@@ -293,5 +293,9 @@ def events_until_close_or_stop(sock: socket.socket) -> list[Event]:
 def threading_gate(service: app.Service) -> threading.Event:
     """Hold the fast lane too (cache hits and fast-voice jobs run there), until set."""
     gate = threading.Event()
-    assert service.pipeline.scheduler.submit_live(lambda: gate.wait(WAIT_S), urgent=True)
+
+    def wait() -> None:
+        gate.wait(WAIT_S)
+
+    assert service.pipeline.scheduler.submit_live(wait, urgent=True)
     return gate
