@@ -32,12 +32,15 @@ _LOGGER = logging.getLogger(__name__)
 RESERVED_FILES = 128
 """Descriptors kept out of the doors' caps: the broker connection, the cache and journal
 databases, model files, log files, the listening sockets and the files being served."""
+LISTEN_BACKLOG = 32
+"""Each door's listen backlog: asyncio accepts up to this many connections at once before any
+passes its gate, so it is also the burst of descriptors a flood takes beyond the caps."""
 LINGER_S = 1.0
 """How long a refused connection may read before it is closed: closing with unread input resets
 the connection, and a reset can discard the refusal before the client reads it."""
-MAX_LINGERING = 64
-"""Refused connections lingering at once; past it a refusal closes at once (a flood of refused
-connections must not hold descriptors for a second each)."""
+LINGERING_SHARE = 8
+"""Refused connections may linger up to 1/LINGERING_SHARE of the door's cap at once; past it a
+refusal closes at once (a flood of refused connections must not hold a descriptor each)."""
 _RESOURCE_ERRNOS = {
     errno.EMFILE: "EMFILE (too many open files in this process)",
     errno.ENFILE: "ENFILE (too many open files on this system)",
@@ -67,6 +70,7 @@ class ConnectionGate:
         self._refused: Counter[str] = Counter()
         self.lingering = 0
         """Refused connections waiting for their client to close (only the door's loop)."""
+        self.max_lingering = max(1, total // LINGERING_SHARE)
 
     def admit(self, peer: str) -> str | None:
         """None when the connection may go on (it then counts until `release`); else the
@@ -142,9 +146,9 @@ class GatedProtocol(asyncio.Protocol):
         self._inner.connection_made(transport)
 
     def _refuse(self, transport: asyncio.Transport, limit: str) -> None:
-        _LOGGER.debug("Connection from %s refused: %s reached", self._peer, limit)
+        # Not logged: a flood would flood the log too; the gate counts refusals for health.
         transport.write(self._refusal(limit))
-        if self._gate.lingering >= MAX_LINGERING or not transport.can_write_eof():
+        if self._gate.lingering >= self._gate.max_lingering or not transport.can_write_eof():
             transport.close()
             return
         self._gate.lingering += 1
@@ -213,25 +217,28 @@ def raise_open_files_limit() -> int:
 
 def fit_connection_caps(settings: Settings, *, raise_limit: bool = True) -> ConnectionCaps:
     """The doors' connection caps, scaled down together when they would not fit under the
-    open-file limit with RESERVED_FILES kept for everything else."""
+    open-file limit with RESERVED_FILES kept for everything else (and, per door, its listen
+    backlog and its lingering refusals)."""
     soft = raise_open_files_limit() if raise_limit else open_files_limit()
     http, wyoming = settings.http, settings.wyoming
-    wanted_http = http.max_connections if http.enabled else 0
-    wanted_wyoming = wyoming.max_connections if wyoming.enabled else 0
-    budget = max(2, soft - RESERVED_FILES)
-    scale = min(1.0, budget / max(1, wanted_http + wanted_wyoming))
+    doors = [(http.enabled, http.max_connections), (wyoming.enabled, wyoming.max_connections)]
+    wanted = sum(cap + cap // LINGERING_SHARE for enabled, cap in doors if enabled)
+    budget = max(2, soft - RESERVED_FILES - LISTEN_BACKLOG * sum(e for e, _ in doors))
+    scale = min(1.0, budget / max(1, wanted))
+
+    def fitted(cap: int) -> int:
+        return max(1, int(cap * scale))
+
     caps = ConnectionCaps(
-        http=max(1, int(http.max_connections * scale)),
-        http_per_peer=max(1, min(http.max_connections_per_peer, int(http.max_connections * scale))),
-        wyoming=max(1, int(wyoming.max_connections * scale)),
-        wyoming_per_peer=max(
-            1, min(wyoming.max_connections_per_peer, int(wyoming.max_connections * scale))
-        ),
+        http=fitted(http.max_connections),
+        http_per_peer=min(http.max_connections_per_peer, fitted(http.max_connections)),
+        wyoming=fitted(wyoming.max_connections),
+        wyoming_per_peer=min(wyoming.max_connections_per_peer, fitted(wyoming.max_connections)),
         open_files_limit=soft,
     )
     if scale < 1.0:
         _LOGGER.warning(
-            "The open-file limit (%d) leaves room for %d connections: HTTP capped at %d, "
+            "The open-file limit (%d) leaves room for about %d connections: HTTP capped at %d, "
             "Wyoming at %d (raise the limit, e.g. LimitNOFILE= in the systemd unit)",
             soft,
             budget,
@@ -324,6 +331,7 @@ class LoopFaults:
 
 
 __all__ = [
+    "LISTEN_BACKLOG",
     "ConnectionCaps",
     "ConnectionGate",
     "GatedProtocol",

@@ -40,7 +40,13 @@ from aiohttp import web
 
 from tts_bridge.audio import duration_ms, encode
 from tts_bridge.config import HttpSettings, Settings
-from tts_bridge.connections import ConnectionCaps, ConnectionGate, GatedProtocol, LoopFaults
+from tts_bridge.connections import (
+    LISTEN_BACKLOG,
+    ConnectionCaps,
+    ConnectionGate,
+    GatedProtocol,
+    LoopFaults,
+)
 from tts_bridge.formats import AudioFormat
 from tts_bridge.web.audio_store import AudioStore
 from tts_bridge.wire import encode_json
@@ -233,6 +239,7 @@ class AudioServer:
                 self.settings.host or None,
                 self.settings.port,
                 reuse_address=True,
+                backlog=LISTEN_BACKLOG,
             )
             sockets = listener.sockets
             self._port = int(sockets[0].getsockname()[1]) if sockets else self.settings.port

@@ -47,6 +47,7 @@ from zeroconf.asyncio import AsyncZeroconf
 from tts_bridge import __version__, audio
 from tts_bridge.config import Settings, WyomingSettings
 from tts_bridge.connections import (
+    LISTEN_BACKLOG,
     ConnectionCaps,
     ConnectionGate,
     GatedProtocol,
@@ -582,6 +583,7 @@ class WyomingServer:
                 settings.host or None,
                 settings.port,
                 reuse_address=True,
+                backlog=LISTEN_BACKLOG,
             )
         except OSError as exc:
             _LOGGER.error(
