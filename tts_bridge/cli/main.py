@@ -375,15 +375,21 @@ def cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
         )
     if args.http or args.encoding or args.loudness:
         return 0
-    if args.sweep:
+    if args.doors:
+        from tts_bridge.bench.doors import DEFAULT_OUT, run_doors_bench
+
+        out = args.out if args.out != DEFAULT_BENCH_OUT else DEFAULT_OUT
+        run_doors_bench(settings, args.idle, min(args.requests, 50), out)
+    elif args.sweep:
         from tts_bridge.bench.sweep import run_sweep
 
         out = args.out if args.out != DEFAULT_BENCH_OUT else args.out.with_name("sweep.json")
         run_sweep(settings, out, repeats=args.repeats)
-        return 0
-    from tts_bridge.bench.engines import run_bench
+    else:
+        from tts_bridge.bench.engines import run_bench
 
-    return int(run_bench(settings, args))
+        return int(run_bench(settings, args))
+    return 0
 
 
 def _add_voices_parser(sub: Any, common: argparse.ArgumentParser) -> None:
@@ -522,6 +528,13 @@ def _add_bench_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         action="store_true",
         help="only the HTTP speech API's time to first byte (streamed WAV, MP3), new and cached",
     )
+    bench.add_argument(
+        "--doors",
+        action="store_true",
+        help="cache-hit latency over MQTT while idle HTTP connections, a Wyoming flood and "
+        "clients that never read are held",
+    )
+    bench.add_argument("--idle", type=int, default=1000, help="idle HTTP connections (--doors)")
     bench.add_argument("--skip-mqtt", action="store_true", help="only the engine measurements")
     bench.add_argument("--burst", type=int, default=12, help="live requests in the routing burst")
     bench.set_defaults(func=cmd_bench)
