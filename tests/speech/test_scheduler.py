@@ -237,6 +237,12 @@ def test_each_door_and_each_peer_has_a_share_of_the_queue() -> None:
     lanes = made.lanes()
     assert lanes["quality"]["normal"] == 8 and lanes["quality"]["alert"] == 7
     assert lanes["fast"]["cached"] == 1
+    # Cache hits have a ceiling too, far above the queue: memory stays bounded.
+    while made.depth < 4 * 8:
+        assert made.submit_live(lambda: None, door="http", cached=True)
+    refused = made.submit_live(lambda: None, door="http", cached=True)
+    assert refused.limit == "limits.max_queue", refused
+    assert made.refusals()["limits.max_queue"] == 3
 
 
 def test_a_resumed_request_skips_every_limit_but_stopping() -> None:

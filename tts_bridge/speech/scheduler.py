@@ -14,7 +14,8 @@
   names the limit it hit. The live queue holds `max_queue` jobs; one door (mqtt, hermes, wyoming,
   http) may fill `door_share` of it and one client address `peer_share`, so a single Wyoming
   client cannot fill it and the house's own MQTT announcements keep their place. A cache hit is
-  never refused; an alert ignores the shares and has a reserve as large as the queue.
+  not refused (short of a memory ceiling far above the queue); an alert ignores the shares and
+  has a reserve as large as the queue.
 - Background work (pre-rendering, quality upgrades, learned phrases) runs on one thread at a
   lower OS priority, one task at a time (a sentence, or a bounded batch of short ones: see
   idle.py), only when no live job is queued or running, the last live request is
@@ -51,6 +52,8 @@ Lane = Literal["quality", "fast"]
 LANES: tuple[Lane, ...] = get_args(Lane)
 AGING_S = 10.0
 """A queued job moves up one rank per this many seconds of waiting."""
+CACHED_CEILING = 4
+"""Cache hits are admitted while fewer than this many times max_queue jobs are queued."""
 _RANK = {"alert": 0, "cached": 1, "high": 2, "normal": 3, "low": 4}
 
 
@@ -292,9 +295,18 @@ class Scheduler:
         self, priority: Priority, door: str, peer: str | None, cached: bool
     ) -> Admission | None:
         """Which limit a new job would break (called with the lock held)."""
-        if cached:
-            return None  # milliseconds of work: refusing it saves nothing
         depth = self.depth
+        if cached:
+            # Milliseconds of work: refusing it saves nothing. The ceiling only bounds memory
+            # under a flood of them.
+            if depth < CACHED_CEILING * self._max_queue:
+                return None
+            return Admission(
+                False,
+                "limits.max_queue",
+                f"the bridge is busy: {depth} requests are queued, cache hits included "
+                f"({CACHED_CEILING} x limits.max_queue); retry later",
+            )
         if priority == "alert":
             if depth < 2 * self._max_queue:
                 return None
