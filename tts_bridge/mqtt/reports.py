@@ -100,6 +100,9 @@ class Reports(MqttFrontEnd):
                 "max_text_chars": limits.max_text_chars,
                 "max_payload_bytes": limits.max_payload_bytes,
                 "max_queue": limits.max_queue,
+                "max_raw_text_bytes": limits.max_raw_text_bytes,
+                "door_share": limits.door_share,
+                "peer_share": limits.peer_share,
             },
             "latency_budget_ms": self._settings.scheduler.latency_budget_ms,
             "topics": {
