@@ -290,8 +290,8 @@ class Pipeline:
             peer=job.peer,
             cached=job.cached,
         )
-        if not admission:
-            _LOGGER.info(
+        if not admission:  # each door logs its refusal; this says which limit
+            _LOGGER.debug(
                 "Request %s (%s, %s priority) refused busy: %s",
                 job.id,
                 job.door,
