@@ -431,7 +431,11 @@ class Scheduler:
                 return False
             if time.monotonic() - self._last_live < self._idle_delay_s:
                 return False
-        return self._others.busy_cores() <= self._idle_max_load
+        try:
+            return self._others.busy_cores() <= self._idle_max_load
+        except OSError as exc:  # /proc unreadable (out of descriptors): not idle, try later
+            _LOGGER.debug("Cannot read the CPU load: %s", exc)
+            return False
 
     def _live_pending(self) -> bool:
         # Polled between generation steps: no lock (a stale answer costs one step at most).
