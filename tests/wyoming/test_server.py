@@ -667,7 +667,7 @@ def test_bridge_process_serves_wyoming(
     )
     assert streamed.rate == HEART_RATE and streamed.events[-1].type == "synthesize-stopped"
     health = bridge_api(probe, "health_check", timeout=TIMEOUT_S)
-    assert health["data"]["answers"]["quality"] == 2
+    assert health["data"]["answers"]["quality"] == 2, health["data"]["answers"]
 
 
 def test_a_streamed_ssml_document_is_spoken_whole() -> None:

@@ -343,8 +343,9 @@ class _Session(AsyncEventHandler):
         await self._say(answer, text)
         if not answer.started:  # the pipeline answers every text with audio or an error
             raise WyomingRequestError("synthesis_failed", "no audio was made")
-        await self.write_event(audio_stop())
+        # Counted first: a client that reads health after its answer finds it counted.
         self._answered(answer)
+        await self.write_event(audio_stop())
 
     def _on_stream_start(self, event: Event) -> None:
         if self._stream is not None:
@@ -388,9 +389,9 @@ class _Session(AsyncEventHandler):
         if self._closing:  # the speaker refused a sentence
             return
         self._stream = None
+        self._answered(stream.answer)  # counted first, as above
         await self.write_event(audio_stop())
         await self.write_event(SynthesizeStopped().event())
-        self._answered(stream.answer)
 
     def _require_stream(self, kind: str) -> _Stream:
         if self._stream is None:
