@@ -13,6 +13,7 @@ into one log line per condition per minute (no tracebacks) and counts it for the
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import logging
 import os
@@ -136,12 +137,16 @@ class GatedProtocol(asyncio.Protocol):
         self._peer = peer_host(transport)
         limit = self._gate.admit(self._peer)
         if limit is not None:
-            self._refuse(transport, limit)
+            try:
+                self._refuse(transport, limit)
+            except OSError:  # the client is already gone (reset before we answered)
+                transport.abort()
             return
         if self._send_buffer:
             sock = transport.get_extra_info("socket")
             if sock is not None:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self._send_buffer)
+                with contextlib.suppress(OSError):  # a connection already reset
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self._send_buffer)
         self._inner = self._make_inner()
         self._inner.connection_made(transport)
 
@@ -151,8 +156,8 @@ class GatedProtocol(asyncio.Protocol):
         if self._gate.lingering >= self._gate.max_lingering or not transport.can_write_eof():
             transport.close()
             return
-        self._gate.lingering += 1
         transport.write_eof()
+        self._gate.lingering += 1
         loop = asyncio.get_running_loop()
         self._linger = loop.call_later(LINGER_S, transport.abort)
 
