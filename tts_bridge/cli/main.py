@@ -333,6 +333,19 @@ def cmd_doctor(args: argparse.Namespace, settings: Settings) -> int:
     return run_doctor(settings, _thread_plan(settings), sys.stdout)
 
 
+def _bench_doors_or_sweep(args: argparse.Namespace, settings: Settings) -> None:
+    if args.doors:
+        from tts_bridge.bench.doors import DEFAULT_OUT, run_doors_bench
+
+        out = args.out if args.out != DEFAULT_BENCH_OUT else DEFAULT_OUT
+        run_doors_bench(settings, args.idle, min(args.requests, 50), out)
+        return
+    from tts_bridge.bench.sweep import run_sweep
+
+    out = args.out if args.out != DEFAULT_BENCH_OUT else args.out.with_name("sweep.json")
+    run_sweep(settings, out, repeats=args.repeats)
+
+
 def cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
     if args.cer:
         from tts_bridge.bench.cer import run_cer_bench
@@ -375,21 +388,12 @@ def cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
         )
     if args.http or args.encoding or args.loudness:
         return 0
-    if args.doors:
-        from tts_bridge.bench.doors import DEFAULT_OUT, run_doors_bench
+    if args.doors or args.sweep:
+        _bench_doors_or_sweep(args, settings)
+        return 0
+    from tts_bridge.bench.engines import run_bench
 
-        out = args.out if args.out != DEFAULT_BENCH_OUT else DEFAULT_OUT
-        run_doors_bench(settings, args.idle, min(args.requests, 50), out)
-    elif args.sweep:
-        from tts_bridge.bench.sweep import run_sweep
-
-        out = args.out if args.out != DEFAULT_BENCH_OUT else args.out.with_name("sweep.json")
-        run_sweep(settings, out, repeats=args.repeats)
-    else:
-        from tts_bridge.bench.engines import run_bench
-
-        return int(run_bench(settings, args))
-    return 0
+    return int(run_bench(settings, args))
 
 
 def _add_voices_parser(sub: Any, common: argparse.ArgumentParser) -> None:
