@@ -17,6 +17,7 @@ import psutil
 
 from tts_bridge import folders
 from tts_bridge.config import Settings
+from tts_bridge.connections import ConnectionCaps, fit_connection_caps, open_files
 from tts_bridge.degraded import Degraded
 from tts_bridge.faults import is_storage_fault
 from tts_bridge.hardware import ThreadPlan
@@ -125,6 +126,8 @@ def build_pipeline(
         idle_delay_s=sched.idle_delay_s,
         idle_max_load=sched.idle_max_load,
         idle_nice=idle_nice,
+        door_share=settings.limits.door_share,
+        peer_share=settings.limits.peer_share,
     )
     router = TierRouter(sched.latency_budget_ms, sched.hysteresis)
     return Pipeline(settings, synthesizer, scheduler, router, idle, Counters())
@@ -213,13 +216,15 @@ def _server_part(server: Server) -> str:
     return {WyomingServer: "wyoming", AudioServer: "http"}.get(type(server), type(server).__name__)
 
 
-def build_audio_server(settings: Settings) -> AudioServer | None:
+def build_audio_server(
+    settings: Settings, caps: ConnectionCaps | None = None
+) -> AudioServer | None:
     """The HTTP audio server when http.enabled (built, not yet listening); None, logged, when
     its folder or key cannot be made (the MQTT side serves without URLs)."""
     if not settings.http.enabled:
         return None
     try:
-        return AudioServer.from_settings(settings)
+        return AudioServer.from_settings(settings, caps)
     except OSError as exc:
         _LOGGER.error("The HTTP audio server is off: %s", exc)
         return None
@@ -282,9 +287,12 @@ def build(
         will = OutgoingMessage(Topics(settings.mqtt.base_topic).state, OFFLINE, qos=1, retain=True)
         connection = MqttConnection(settings.mqtt, will)
     outbox = Outbox(settings, connection)
-    audio_server = build_audio_server(settings)
+    # Raises the open-file limit, then fits the doors' connection caps under it.
+    caps = fit_connection_caps(settings)
+    audio_server = build_audio_server(settings, caps)
     if settings.http.enabled and audio_server is None:
         degraded.set("http", "the HTTP audio server is off (see the log)")
+    wyoming = WyomingServer(settings, pipeline, caps)
     say = SayFrontEnd(settings, outbox, pipeline, journal, AudioDelivery(settings, audio_server))
     hermes = HermesFrontEnd(settings, outbox, pipeline)
     bridge: Bridge | None = None
@@ -294,8 +302,14 @@ def build(
         pipeline,
         lambda: _faults(bridge, degraded, synth, connection),
         configuration_url=lambda: status_url(audio_server),
+        doors=lambda: {
+            "connections": {
+                "wyoming": wyoming.describe(),
+                **({"http": audio_server.describe()} if audio_server is not None else {}),
+            },
+            "open_files": open_files(),
+        },
     )
-    wyoming = WyomingServer(settings, pipeline)
     if audio_server is not None:
         audio_server.health_report = reports.health
         audio_server.status_page = lambda: status_page.render(

@@ -217,6 +217,15 @@ class LimitsSettings(_Section):
     max_audio_s: float = Field(300.0, ge=1.0, le=3600.0)
     """Longest audio one request may make (estimated from its text and speed): a short text
     at a very low speed costs as much memory and time as a long one."""
+    # Doors that hold: raw input and the live queue's shares.
+    max_raw_text_bytes: int = Field(65_536, ge=64, le=10_000_000)
+    """Largest raw text (UTF-8 bytes, before cleaning) one request may send on any door, a
+    Wyoming stream included: whitespace and invisible characters cost memory and time too."""
+    door_share: float = Field(0.5, gt=0.0, le=1.0)
+    """Share of limits.max_queue one door (mqtt, hermes, wyoming, http) may fill; the rest stays
+    free for the others (alerts and cache hits are not counted against it)."""
+    peer_share: float = Field(0.25, gt=0.0, le=1.0)
+    """Share of limits.max_queue one client address (Wyoming, HTTP) may fill."""
 
 
 class SynthesisSettings(_Section):
@@ -428,6 +437,14 @@ class HttpSettings(_Section):
     """A file of further keys, one per line ('#' starts a comment); read at start."""
     metrics: bool = True
     """Serve Prometheus metrics at /metrics (no request text in them)."""
+    # Doors that hold: connections are bounded in time and number.
+    keepalive_s: float = Field(15.0, ge=1.0, le=3600.0)
+    """An idle connection (between requests, or one whose request headers are still incomplete)
+    is closed after this long."""
+    max_connections: int = Field(256, ge=1, le=100_000)
+    """Connections open at once; past it a new one is answered 503 and closed."""
+    max_connections_per_peer: int = Field(32, ge=1, le=100_000)
+    """Connections open at once from one client address; past it: 503."""
 
     @field_validator("base_url")
     @classmethod
@@ -453,6 +470,13 @@ class WyomingSettings(_Section):
     """Announce the server on the LAN (_wyoming._tcp) so Home Assistant discovers it."""
     zeroconf_name: str | None = Field(None, pattern=r"^[A-Za-z0-9_-]{1,63}$")
     """Zeroconf instance name, distinct per bridge on a LAN; empty = the program name."""
+    # Doors that hold: connections are bounded in number, and in time when a client stops reading.
+    max_connections: int = Field(64, ge=1, le=100_000)
+    """Connections open at once; past it a new one gets an error event (code busy) and is closed."""
+    max_connections_per_peer: int = Field(8, ge=1, le=100_000)
+    """Connections open at once from one client address (Home Assistant opens one per request)."""
+    write_timeout_s: float = Field(30.0, ge=1.0, le=3600.0)
+    """A client that does not read its audio for this long is dropped and its synthesis stopped."""
 
 
 class ChimesSettings(_Section):

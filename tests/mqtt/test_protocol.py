@@ -309,3 +309,31 @@ def test_topic_filters_match_like_mqtt() -> None:
     assert topic_matches("a/#", "a") and topic_matches("a/#", "a/b/c")
     assert topic_matches("a/+/c", "a/b/c") and not topic_matches("a/+/c", "a/b/d")
     assert not topic_matches("a/+", "a/b/c") and not topic_matches("#", "$SYS/x")
+
+
+def test_priority_is_read_and_a_bad_one_has_its_own_code() -> None:
+    assert parse_say("k", b"Smoke!", LIMITS).priority == "normal"
+    for priority in ("alert", "high", "normal", "low"):
+        payload = json.dumps({"text": "Smoke!", "priority": priority}).encode()
+        assert parse_say("k", payload, LIMITS).priority == priority
+    for bad in ("urgent", "ALERT", 1, True, ["alert"]):
+        payload = json.dumps({"text": "Smoke!", "priority": bad, "id": "p"}).encode()
+        with pytest.raises(ProtocolError) as caught:
+            parse_say("k", payload, LIMITS)
+        assert caught.value.code == "invalid_priority"
+        assert "alert, high, normal, low" in str(caught.value)
+        assert caught.value.request_id == "p"
+
+
+def test_the_cost_is_estimated_on_the_cleaned_text_and_the_raw_text_is_capped() -> None:
+    limits = LimitsSettings(max_payload_bytes=2_000_000, max_raw_text_bytes=2_000_000)
+    spaced = " " * 1_000_000 + "Hello."
+    assert parse_say("k", spaced.encode(), limits).text == spaced
+    invisible = json.dumps({"text": "\u200b" * 100_000 + "Hello."}, ensure_ascii=False)
+    assert parse_say("k", invisible.encode(), limits).text.endswith("Hello.")
+    capped = LimitsSettings(max_payload_bytes=2_000_000, max_raw_text_bytes=65_536)
+    for payload in (spaced.encode(), json.dumps({"text": spaced, "id": 9}).encode()):
+        with pytest.raises(ProtocolError) as caught:
+            parse_say("k", payload, capped)
+        assert caught.value.code == "text_too_long"
+        assert "limits.max_raw_text_bytes" in str(caught.value)

@@ -352,6 +352,19 @@ def test_a_bad_target_is_refused(conn: FakeConnection) -> None:
     assert not [m for m in conn.published[since:] if m.topic.startswith(f"{BASE}/audio/")]
 
 
+def test_an_empty_target_is_refused(conn: FakeConnection) -> None:
+    since = conn.mark()
+    conn.deliver(f"{SAY}/", json.dumps({"text": "Hello.", "id": "t-2"}))
+    assert_error(wait_response(conn, since), "invalid_target")
+
+
+def test_the_answer_shows_the_priority(conn: FakeConnection) -> None:
+    since = say_json(conn, {"text": "Smoke in the hall!", "id": "p-1", "priority": "alert"})
+    response = wait_response(conn, since, request_id="p-1")
+    assert response["status"] == "ok", response
+    assert response["data"]["priority"] == "alert"
+
+
 def test_an_engine_failure_is_refused_as_synthesis_failed_and_journaled(
     services: Services, tmp_path: Path
 ) -> None:

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from tts_bridge.speech.scheduler import Scheduler
+from tts_bridge.speech.scheduler import AGING_S, LiveJob, Scheduler
 
 WAIT_S = 10.0
 
@@ -137,3 +137,119 @@ def test_background_work_waits_while_a_fast_job_runs() -> None:
     finally:
         fast.release.set()
         made.stop(WAIT_S)
+
+
+# -- priority, shares and admission --------------------------------------------------------
+
+
+def _order_of(made: Scheduler, jobs: list[tuple[str, dict[str, object]]]) -> list[str]:
+    """Queue `jobs` on a stopped scheduler (one slot), then run them: the order they ran in."""
+    ran: list[str] = []
+    for name, kwargs in jobs:
+        assert made.submit_live(lambda name=name: ran.append(name), **kwargs)  # type: ignore[arg-type,misc]
+    made.start()
+    assert made.stop(WAIT_S)
+    return ran
+
+
+def test_alert_before_high_before_normal_before_low() -> None:
+    made = Scheduler(1, 16, idle_nice=0)
+    ran = _order_of(
+        made,
+        [
+            ("low", {"priority": "low"}),
+            ("normal", {"priority": "normal"}),
+            ("alert", {"priority": "alert"}),
+            ("high", {"priority": "high"}),
+        ],
+    )
+    assert ran == ["alert", "high", "normal", "low"]
+
+
+def test_within_a_priority_shorter_work_goes_first_then_arrival() -> None:
+    made = Scheduler(1, 16, idle_nice=0)
+    ran = _order_of(
+        made,
+        [
+            ("long", {"estimate_s": 9.0}),
+            ("short", {"estimate_s": 0.5}),
+            ("medium", {"estimate_s": 2.0}),
+            ("short too", {"estimate_s": 0.5}),
+        ],
+    )
+    assert ran == ["short", "short too", "medium", "long"]
+
+
+def test_cache_hits_come_after_alerts_only_and_run_beside_the_slot() -> None:
+    made = Scheduler(1, 16, idle_nice=0)
+    ran = _order_of(
+        made,
+        [
+            ("high", {"priority": "high", "urgent": True}),
+            ("hit", {"priority": "low", "cached": True}),
+            ("alert", {"priority": "alert", "urgent": True}),
+        ],
+    )
+    assert ran == ["alert", "hit", "high"]  # all three in the fast lane
+
+
+def test_waiting_moves_a_job_up_so_nothing_starves() -> None:
+    now = 1000.0
+    old_low = LiveJob(lambda: None, 9.0, priority="low", seq=1, queued_at=now - 3 * AGING_S)
+    new_normal = LiveJob(lambda: None, 0.1, priority="normal", seq=2, queued_at=now)
+    new_alert = LiveJob(lambda: None, 0.1, priority="alert", seq=3, queued_at=now)
+    hit = LiveJob(lambda: None, 0.0, cached=True, seq=4, queued_at=now)
+    ordered = sorted([new_normal, old_low, new_alert, hit], key=lambda j: j.order(now))
+    # Aged past normal and high, but never past a cache hit or an alert.
+    assert ordered == [new_alert, hit, old_low, new_normal]
+    ancient = LiveJob(lambda: None, 9.0, priority="low", seq=5, queued_at=now - 1e6)
+    assert ancient.order(now)[0] == hit.order(now)[0]
+
+
+def test_each_door_and_each_peer_has_a_share_of_the_queue() -> None:
+    made = Scheduler(1, 8, door_share=0.5, peer_share=0.25)  # door 4, peer 2; not started
+    assert made.submit_live(lambda: None, door="wyoming", peer="10.0.0.5")
+    assert made.submit_live(lambda: None, door="wyoming", peer="10.0.0.5")
+    refused = made.submit_live(lambda: None, door="wyoming", peer="10.0.0.5")
+    assert not refused and refused.limit == "limits.peer_share", refused
+    assert "10.0.0.5" in refused.message and "limits.peer_share" in refused.message
+    assert made.submit_live(lambda: None, door="wyoming", peer="10.0.0.6")
+    assert made.submit_live(lambda: None, door="wyoming", peer="10.0.0.6")
+    refused = made.submit_live(lambda: None, door="wyoming", peer="10.0.0.7")
+    assert refused.limit == "limits.door_share" and "wyoming" in refused.message, refused
+    # The other doors keep their place.
+    for _ in range(4):
+        assert made.submit_live(lambda: None, door="mqtt")
+    refused = made.submit_live(lambda: None, door="http", peer="10.0.0.8")
+    assert refused.limit == "limits.max_queue", refused
+    # A cache hit is never refused; an alert has a reserve as large as the queue.
+    assert made.submit_live(lambda: None, door="wyoming", peer="10.0.0.5", cached=True)
+    for _ in range(7):
+        assert made.submit_live(lambda: None, door="mqtt", priority="alert")
+    refused = made.submit_live(lambda: None, door="mqtt", priority="alert")
+    assert refused.limit == "limits.max_queue", refused
+    assert made.refusals() == {
+        "limits.peer_share": 1,
+        "limits.door_share": 1,
+        "limits.max_queue": 2,
+    }
+    assert made.doors() == {"wyoming": 5, "mqtt": 11}
+    lanes = made.lanes()
+    assert lanes["quality"]["normal"] == 8 and lanes["quality"]["alert"] == 7
+    assert lanes["fast"]["cached"] == 1
+    # Cache hits have a ceiling too, far above the queue: memory stays bounded.
+    while made.depth < 4 * 8:
+        assert made.submit_live(lambda: None, door="http", cached=True)
+    refused = made.submit_live(lambda: None, door="http", cached=True)
+    assert refused.limit == "limits.max_queue", refused
+    assert made.refusals()["limits.max_queue"] == 3
+
+
+def test_a_resumed_request_skips_every_limit_but_stopping() -> None:
+    made = Scheduler(1, 1, door_share=0.5, peer_share=0.5)
+    assert made.submit_live(lambda: None, door="mqtt")
+    assert made.submit_live(lambda: None, door="mqtt", force=True)
+    made.start()
+    assert made.stop(WAIT_S)
+    stopped = made.submit_live(lambda: None, force=True)
+    assert not stopped and stopped.limit == "stopping"

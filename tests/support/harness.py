@@ -482,9 +482,12 @@ class BridgeFactory:
             "http": {"host": "127.0.0.1", "port": 0},
         }
 
-    def __call__(self, _wait_online: bool = True, **overrides: Any) -> RunningBridge:
+    def __call__(
+        self, _wait_online: bool = True, _open_files: int | None = None, **overrides: Any
+    ) -> RunningBridge:
         """Start a bridge with ``overrides`` merged into the config; by default wait until it
-        is online (``_wait_online=False`` for a bridge that is expected never to get there)."""
+        is online (``_wait_online=False`` for a bridge that is expected never to get there).
+        ``_open_files`` starts it with that RLIMIT_NOFILE (soft and hard)."""
         config = deep_merge(self.default_config(), overrides)
         base_topic = str(config["mqtt"]["base_topic"])
         n = len(self.bridges) + 1
@@ -501,6 +504,8 @@ class BridgeFactory:
                 watcher.subscribe(f"{base_topic}/bridge/state")
             log_file = log_path.open("wb")
             command = [sys.executable, "-m", "tts_bridge", "run", "--config", str(config_path)]
+            if _open_files is not None:
+                command = _with_open_files_limit(_open_files, command)
             proc = subprocess.Popen(
                 [*command, "--debug"],
                 stdin=subprocess.DEVNULL,
@@ -543,6 +548,17 @@ class BridgeFactory:
     def close(self) -> None:
         for bridge in self.bridges:
             bridge.stop()
+
+
+def _with_open_files_limit(limit: int, command: list[str]) -> list[str]:
+    """`command` started by a Python that first sets RLIMIT_NOFILE (soft and hard) to `limit`
+    (exec keeps it; preexec_fn is unsafe in a test process with threads)."""
+    script = (
+        "import os, resource, sys; "
+        f"resource.setrlimit(resource.RLIMIT_NOFILE, ({limit}, {limit})); "
+        "os.execv(sys.argv[1], sys.argv[1:])"
+    )
+    return [sys.executable, "-c", script, *command]
 
 
 def _bridge_environment() -> dict[str, str]:

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tts_bridge.speech.synthesis import RequestError, prepare_text
 from tts_bridge.text.sentences import (
+    StreamCleaner,
     clean,
     drop_chattts_tags,
     has_cjk,
@@ -110,3 +113,28 @@ def test_drop_chattts_tags(text: str, spoken: str) -> None:
 )
 def test_split_knows_abbreviations_and_initials(text: str, sentences: list[str]) -> None:
     assert split_sentences(clean(text)) == sentences
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.text(alphabet=st.sampled_from(list(" \n\t.a\u00a0\u200b\u2028e\u0301\u0327你!"))),
+    st.lists(st.integers(min_value=1, max_value=5), max_size=20),
+)
+def test_streamed_cleaning_equals_cleaning_the_whole(text: str, cuts: list[int]) -> None:
+    cleaner = StreamCleaner()
+    out, start = [], 0
+    for size in cuts:
+        out.append(cleaner.feed(text[start : start + size]))
+        start += size
+    out.append(cleaner.feed(text[start:]))
+    out.append(cleaner.finish())
+    assert "".join(out) == clean(text)
+
+
+def test_streamed_whitespace_is_not_kept() -> None:
+    cleaner = StreamCleaner()
+    assert cleaner.feed("   \n\u200b  ") == ""
+    assert cleaner.feed("Hi") == "H"  # the last character waits for what may compose with it
+    assert cleaner.feed("   ") == "i"
+    assert cleaner.feed("there") == " ther"
+    assert cleaner.finish() == "e"

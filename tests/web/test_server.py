@@ -12,6 +12,7 @@ import stat
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from email.utils import parsedate_to_datetime
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -93,6 +94,31 @@ def test_head_gives_the_headers_without_a_body(server: AudioServer) -> None:
     assert headers["Content-Type"] == "audio/flac"
     assert int(headers["Content-Length"]) == published.bytes
     assert headers["Accept-Ranges"] == "bytes"
+
+
+def test_validators_are_stable_and_never_in_the_future(server: AudioServer, clock: Clock) -> None:
+    published = server.publish(_tone(), RATE, AudioFormat("wav"))
+    status, headers, _ = _request(server, "GET", _path(published.url))
+    assert status == 200
+    assert headers["X-Content-Type-Options"] == "nosniff"
+    assert headers["Server"] == "tts_bridge"  # no version banner
+    etag = headers["ETag"]
+    # Last-Modified is when the audio was made (here: the server's clock), not its expiry.
+    made = parsedate_to_datetime(headers["Last-Modified"]).timestamp()
+    assert made <= clock.now
+    clock.now += 60
+    again = server.publish(_tone(), RATE, AudioFormat("wav"))  # pushes the expiry back
+    assert again.url == published.url
+    _, headers, _ = _request(server, "GET", _path(published.url))
+    assert headers["ETag"] == etag
+    status, headers, body = _request(server, "GET", _path(published.url), {"If-None-Match": etag})
+    assert status == 304 and body == b""
+    assert headers["ETag"] == etag
+    status, _, _ = _request(server, "GET", _path(published.url), {"If-None-Match": '"other"'})
+    assert status == 200
+    other = server.publish(_tone(hz=440.0), RATE, AudioFormat("wav"))
+    _, headers, _ = _request(server, "GET", _path(other.url))
+    assert headers["ETag"] != etag
 
 
 def test_ranges_first_bytes_suffix_and_unsatisfiable(server: AudioServer) -> None:

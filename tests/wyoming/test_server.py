@@ -401,6 +401,13 @@ BAD_REQUESTS: dict[str, tuple[list[Event], str]] = {
         "text_too_long",
     ),
     "empty stream": (stream_events(None, [], whole=False), "empty_text"),
+    # Refused once the raw stream passes limits.max_raw_text_bytes, though none of it counts
+    # as text after cleaning.
+    "streamed whitespace": (stream_events(None, [" " * 15_000] * 5, whole=False), "text_too_long"),
+    "streamed invisible characters": (
+        stream_events(None, ["\u200b" * 5_000] * 5, whole=False),
+        "text_too_long",
+    ),
     "no text": ([Event(type="synthesize", data={"voice": {"name": "joe"}})], "malformed_event"),
     "text not a string": ([Event(type="synthesize", data={"text": 5})], "malformed_event"),
     "voice not an object": (
@@ -434,6 +441,15 @@ BAD_FRAMES: dict[str, tuple[bytes, str]] = {
     "huge data": (b'{"type": "synthesize", "data_length": 100000000}\n', "event_too_large"),
     "data not JSON": (b'{"type": "synthesize", "data_length": 3}\nabc', "malformed_event"),
     "huge header": (b'{"type": "' + b"x" * 70_000 + b'"}\n', "event_too_large"),
+    # Refused before json.loads, which would recurse once per level.
+    "deep header": (
+        b'{"type": "ping", "data": {"x": ' + b"[" * 30_000 + b"]" * 30_000 + b"}}\n",
+        "malformed_event",
+    ),
+    "deep data": (
+        b'{"type": "ping", "data_length": 16006}\n{"x": ' + b"[" * 8_000 + b"]" * 8_000 + b"}",
+        "malformed_event",
+    ),
 }
 
 
@@ -444,6 +460,22 @@ def test_malformed_frame_is_refused_and_closed(running: Running, case: str) -> N
     assert [e.type for e in answer.events] == ["error"]
     assert answer.error.code == code
     assert answer.closed
+    assert_serves(running)
+
+
+def test_a_ping_with_a_lone_surrogate_is_answered(running: Running) -> None:
+    async def run() -> Event | None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", running.port)
+        try:
+            writer.write(b'{"type": "ping", "data": {"text": "a\\ud800b"}}\n')
+            await writer.drain()
+            return await asyncio.wait_for(async_read_event(reader), TIMEOUT_S)
+        finally:
+            writer.close()
+
+    pong = asyncio.run(run())
+    assert pong is not None and pong.type == "pong"
+    assert pong.data["text"] == "a\ud800b"
     assert_serves(running)
 
 
@@ -635,7 +667,7 @@ def test_bridge_process_serves_wyoming(
     )
     assert streamed.rate == HEART_RATE and streamed.events[-1].type == "synthesize-stopped"
     health = bridge_api(probe, "health_check", timeout=TIMEOUT_S)
-    assert health["data"]["answers"]["quality"] == 2
+    assert health["data"]["answers"]["quality"] == 2, health["data"]["answers"]
 
 
 def test_a_streamed_ssml_document_is_spoken_whole() -> None:

@@ -34,7 +34,7 @@ _BURST_TEXTS = [
 ]
 
 
-class _Session:
+class BridgeSession:
     """A private mosquitto, a bridge subprocess and a subscriber recording arrival times."""
 
     def __init__(self, client: Any) -> None:
@@ -73,7 +73,9 @@ class _Session:
 
 
 @contextmanager
-def _session(settings: Settings, workdir: Path, overrides: dict[str, Any]) -> Iterator[_Session]:
+def bridge_session(
+    settings: Settings, workdir: Path, overrides: dict[str, Any]
+) -> Iterator[BridgeSession]:
     from tts_bridge.bench.localbroker import LocalBroker
     from tts_bridge.bench.util import start_bridge
     from tts_bridge.mqtt.client import new_client
@@ -90,7 +92,7 @@ def _session(settings: Settings, workdir: Path, overrides: dict[str, Any]) -> It
             overrides=overrides,
         )
         client = new_client()
-        session = _Session(client)
+        session = BridgeSession(client)
 
         def on_message(c: Any, u: Any, msg: Any) -> None:
             props = dict(getattr(msg.properties, "UserProperty", None) or [])
@@ -111,7 +113,7 @@ def _session(settings: Settings, workdir: Path, overrides: dict[str, Any]) -> It
             log.close()
 
 
-def _warm_up(session: _Session) -> None:
+def _warm_up(session: BridgeSession) -> None:
     """Load both tiers' models first: the scenarios measure serving, not loading."""
     for tier in ("quality", "fast"):
         payload = json.dumps({"text": "Warm up.", "id": f"warm-{tier}", "tier": tier})
@@ -119,12 +121,12 @@ def _warm_up(session: _Session) -> None:
         session.wait(lambda a, t=tier: a[1] == f"{BASE}/audio/warm" and a[2].get("tier") == t, 120)
 
 
-def _pct(values: list[float], q: float) -> float:
+def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return round(ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))], 1)
 
 
-def _burst(session: _Session, count: int, tag: str) -> dict[str, Any]:
+def _burst(session: BridgeSession, count: int, tag: str) -> dict[str, Any]:
     sent: dict[str, float] = {}
     for n in range(count):
         request_id = f"{tag}-{n}"
@@ -149,10 +151,10 @@ def _burst(session: _Session, count: int, tag: str) -> dict[str, Any]:
         last = max(last, arrived)
     return {
         "requests": count,
-        "p50_ms": _pct(latencies, 0.5),
-        "p95_ms": _pct(latencies, 0.95),
+        "p50_ms": percentile(latencies, 0.5),
+        "p95_ms": percentile(latencies, 0.95),
         "max_ms": round(max(latencies), 1),
-        "fast_p50_ms": _pct(fast, 0.5) if fast else None,
+        "fast_p50_ms": percentile(fast, 0.5) if fast else None,
         "fast_max_ms": round(max(fast), 1) if fast else None,
         "tiers": dict(tiers),
         "last_answer": last,
@@ -168,7 +170,7 @@ def measure_routing(settings: Settings, count: int = 12) -> list[dict[str, Any]]
             overrides = {
                 "scheduler": {"latency_budget_ms": budget, "idle_delay_s": 2.0, "idle_max_load": 64}
             }
-            with _session(settings, Path(tmp), overrides) as session:
+            with bridge_session(settings, Path(tmp), overrides) as session:
                 _warm_up(session)
                 row = _burst(session, count, label.split()[-1])
                 last = row.pop("last_answer")
@@ -198,7 +200,7 @@ def measure_fast_lane(settings: Settings) -> dict[str, Any]:
     no_idle = {"scheduler": {"idle_enabled": False}}
     with (
         tempfile.TemporaryDirectory(prefix="tts-bench-lane-") as tmp,
-        _session(settings, Path(tmp), no_idle) as session,
+        bridge_session(settings, Path(tmp), no_idle) as session,
     ):
         _warm_up(session)
         for n in range(3):
@@ -221,8 +223,8 @@ def measure_fast_lane(settings: Settings) -> dict[str, Any]:
                 )
                 out.append((arrived - since) * 1000)
     return {
-        "quality_job_ms": _pct(quality_ms, 0.5),
-        "fast_meanwhile_p50_ms": _pct(fast_ms, 0.5),
+        "quality_job_ms": percentile(quality_ms, 0.5),
+        "fast_meanwhile_p50_ms": percentile(fast_ms, 0.5),
         "fast_meanwhile_max_ms": round(max(fast_ms), 1),
     }
 
@@ -235,7 +237,7 @@ def measure_streaming(settings: Settings) -> list[dict[str, Any]]:
     no_idle = {"scheduler": {"idle_enabled": False}}
     with (
         tempfile.TemporaryDirectory(prefix="tts-bench-stream-") as tmp,
-        _session(settings, Path(tmp), no_idle) as session,
+        bridge_session(settings, Path(tmp), no_idle) as session,
     ):
         session.client.publish(f"{BASE}/say/warm", "Warm up.", qos=1)
         session.wait(lambda a: a[1] == f"{BASE}/audio/warm", 120)

@@ -333,6 +333,19 @@ def cmd_doctor(args: argparse.Namespace, settings: Settings) -> int:
     return run_doctor(settings, _thread_plan(settings), sys.stdout)
 
 
+def _bench_doors_or_sweep(args: argparse.Namespace, settings: Settings) -> None:
+    if args.doors:
+        from tts_bridge.bench.doors import DEFAULT_OUT, run_doors_bench
+
+        out = args.out if args.out != DEFAULT_BENCH_OUT else DEFAULT_OUT
+        run_doors_bench(settings, args.idle, min(args.requests, 50), out)
+        return
+    from tts_bridge.bench.sweep import run_sweep
+
+    out = args.out if args.out != DEFAULT_BENCH_OUT else args.out.with_name("sweep.json")
+    run_sweep(settings, out, repeats=args.repeats)
+
+
 def cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
     if args.cer:
         from tts_bridge.bench.cer import run_cer_bench
@@ -375,11 +388,8 @@ def cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
         )
     if args.http or args.encoding or args.loudness:
         return 0
-    if args.sweep:
-        from tts_bridge.bench.sweep import run_sweep
-
-        out = args.out if args.out != DEFAULT_BENCH_OUT else args.out.with_name("sweep.json")
-        run_sweep(settings, out, repeats=args.repeats)
+    if args.doors or args.sweep:
+        _bench_doors_or_sweep(args, settings)
         return 0
     from tts_bridge.bench.engines import run_bench
 
@@ -522,6 +532,13 @@ def _add_bench_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         action="store_true",
         help="only the HTTP speech API's time to first byte (streamed WAV, MP3), new and cached",
     )
+    bench.add_argument(
+        "--doors",
+        action="store_true",
+        help="cache-hit latency over MQTT while idle HTTP connections, a Wyoming flood and "
+        "clients that never read are held",
+    )
+    bench.add_argument("--idle", type=int, default=1000, help="idle HTTP connections (--doors)")
     bench.add_argument("--skip-mqtt", action="store_true", help="only the engine measurements")
     bench.add_argument("--burst", type=int, default=12, help="live requests in the routing burst")
     bench.set_defaults(func=cmd_bench)

@@ -63,13 +63,15 @@ class HermesFrontEnd(MqttFrontEnd):
                 lang=say.language,
                 target=say.site_id,
                 received=time.monotonic(),
+                door="hermes",
             )
         except SpeechError as exc:
             self._error(say, str(exc))
             return
         _LOGGER.info("Hermes request %s for site %s: %s", say.id, say.site_id, short(say.text))
-        if not self._pipeline.submit(job, lambda job: self._serve(job, say)):
-            self._error(say, "the bridge is busy; retry later")
+        admission = self._pipeline.submit(job, lambda job: self._serve(job, say))
+        if not admission:
+            self._error(say, admission.message)
 
     def _serve(self, job: SpeechJob, say: hermes_protocol.HermesSay) -> None:
         try:

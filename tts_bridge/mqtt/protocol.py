@@ -25,6 +25,8 @@ from pydantic import (
 from tts_bridge.config import LimitsSettings
 from tts_bridge.engines.base import SynthesisOptions, check_option_ranges
 from tts_bridge.formats import AudioFormat, FormatError
+from tts_bridge.speech.scheduler import PRIORITIES, Priority
+from tts_bridge.text.sentences import clean
 from tts_bridge.wire import encode_json, new_id
 
 DEFAULT_TARGET = "default"
@@ -119,6 +121,8 @@ class SayPayload(BaseModel):
     chime: StrictStr | None = Field(None, max_length=64)
     chime_after: StrictStr | None = Field(None, max_length=64)
     ssml: StrictBool | None = None
+    priority: Any = None
+    """Checked by _parse_priority, which answers its own error code."""
 
 
 @dataclass(frozen=True)
@@ -145,6 +149,8 @@ class SayRequest:
     chime_after: str | None = None
     ssml: bool | None = None
     """True: the text is SSML; False: spoken as written; None: SSML if it starts with <speak>."""
+    priority: Priority = "normal"
+    """Its place in the queue: alert > high > normal > low."""
 
 
 def mqtt_safe(value: str) -> bool:
@@ -328,6 +334,35 @@ def _parse_format(value: object, request_id: str | int | None) -> AudioFormat | 
         raise ProtocolError("invalid_format", f"field 'format': {exc}", request_id) from None
 
 
+def _parse_priority(value: object, request_id: str | int | None) -> Priority:
+    if value is None:
+        return "normal"
+    for priority in PRIORITIES:
+        if value == priority:
+            return priority
+    raise ProtocolError(
+        "invalid_priority",
+        f"field 'priority' must be one of {', '.join(PRIORITIES)}",
+        request_id,
+    )
+
+
+def check_raw_text(text: str, limits: LimitsSettings, request_id: str | int | None = None) -> None:
+    """Refuse text whose raw UTF-8 size passes limits.max_raw_text_bytes (before cleaning:
+    whitespace and invisible characters cost memory and time too)."""
+    # A character is at most 4 bytes: most texts are decided without encoding them.
+    if len(text) * 4 <= limits.max_raw_text_bytes:
+        return
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if size > limits.max_raw_text_bytes:
+        raise ProtocolError(
+            "text_too_long",
+            f"the text has {size} bytes; the limit is {limits.max_raw_text_bytes} "
+            "(limits.max_raw_text_bytes)",
+            request_id,
+        )
+
+
 def parse_say(target: str, payload: bytes, limits: LimitsSettings) -> SayRequest:
     """Turn a raw say payload into a request, or raise ProtocolError with a readable reason."""
     if not _TARGET_RE.match(target):
@@ -348,7 +383,9 @@ def parse_say(target: str, payload: bytes, limits: LimitsSettings) -> SayRequest
     text = text.removeprefix(_BOM)
     stripped = text.lstrip()
     if not stripped.startswith(("{", "[")):
-        check_audio_seconds(text, 1.0, limits, None)
+        check_raw_text(text, limits)
+        # The cost of what will be spoken: a megabyte of spaces before "Hello." is one word.
+        check_audio_seconds(clean(text), 1.0, limits, None)
         return SayRequest(new_id(), text, target, None, None, True)
     try:
         data = _loads(stripped)
@@ -380,7 +417,9 @@ def parse_say(target: str, payload: bytes, limits: LimitsSettings) -> SayRequest
             "invalid_request", "field 'lang' must be a language code like 'en'", parsed.id
         )
     speed = _check_options(parsed.options or {}, parsed.id)
-    check_audio_seconds(parsed.text, speed, limits, parsed.id)
+    check_raw_text(parsed.text, limits, parsed.id)
+    check_audio_seconds(clean(parsed.text), speed, limits, parsed.id)
+    priority = _parse_priority(parsed.priority, parsed.id)
     return SayRequest(
         id=parsed.id if parsed.id is not None else new_id(),
         text=parsed.text,
@@ -397,6 +436,7 @@ def parse_say(target: str, payload: bytes, limits: LimitsSettings) -> SayRequest
         chime=parsed.chime,
         chime_after=parsed.chime_after,
         ssml=parsed.ssml,
+        priority=priority,
     )
 
 

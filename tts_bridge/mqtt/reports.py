@@ -30,14 +30,18 @@ class Reports(MqttFrontEnd):
         outbox: Outbox,
         pipeline: Pipeline,
         faults: Callable[[], Mapping[str, Any]] | None = None,
+        *,
         configuration_url: Callable[[], str | None] | None = None,
+        doors: Callable[[], Mapping[str, Any]] | None = None,
     ) -> None:
         """`faults` adds the service's fault counts to health (journal, refused answers);
+        `doors` the network doors' connections and the open files;
         `configuration_url` is the bridge's status page while it is served (None when not),
         the device's "Visit" link in Home Assistant."""
         self._settings = settings
         self._configuration_url = configuration_url
         self._faults = faults
+        self._doors = doors
         self._outbox = outbox
         self._pipeline = pipeline
         self.topics = outbox.topics
@@ -96,6 +100,9 @@ class Reports(MqttFrontEnd):
                 "max_text_chars": limits.max_text_chars,
                 "max_payload_bytes": limits.max_payload_bytes,
                 "max_queue": limits.max_queue,
+                "max_raw_text_bytes": limits.max_raw_text_bytes,
+                "door_share": limits.door_share,
+                "peer_share": limits.peer_share,
             },
             "latency_budget_ms": self._settings.scheduler.latency_budget_ms,
             "topics": {
@@ -118,6 +125,7 @@ class Reports(MqttFrontEnd):
             "cache_write_errors": cache["write_errors"],
             **self._outbox.connection_health(),
             **(self._faults() if self._faults is not None else {}),
+            **(self._doors() if self._doors is not None else {}),
             "rss_mb": round(psutil.Process().memory_info().rss / 2**20, 1),
             "loaded_models": engines.loaded(),
             "model_memory_mb": {k: round(v) for k, v in engines.resident_mb().items()},

@@ -88,7 +88,9 @@ class SayFrontEnd(MqttFrontEnd):
         return self.topics.target_of(topic) is not None
 
     def on_message(self, message: IncomingMessage) -> None:
-        target = self.topics.target_of(message.topic) or "default"
+        # `owns` took only say topics; an empty target ("<base>/say/") is refused by parse_say.
+        target = self.topics.target_of(message.topic)
+        assert target is not None
         self._accept(
             target, message.payload, ReplyTo.of(message), time.monotonic(), message=message
         )
@@ -178,13 +180,16 @@ class SayFrontEnd(MqttFrontEnd):
             budget_ms=request.latency_budget_ms,
             target=target,
             received=received,
+            priority=request.priority,
+            door="mqtt",
         )
-        if not self._pipeline.submit(
+        admission = self._pipeline.submit(
             job,
             lambda job: self._serve(job, request, reply, closing),
             force=message is None,
-        ):
-            self._refuse(request.id, "busy", self._pipeline.busy_message(), reply, target, closing)
+        )
+        if not admission:
+            self._refuse(request.id, "busy", admission.message, reply, target, closing)
 
     def _announcement(self, request: SayRequest) -> Announcement:
         target = self._settings.targets.get(request.target)
@@ -315,6 +320,7 @@ class SayFrontEnd(MqttFrontEnd):
             "voice": rendering.voice,
             "requested_voice": job.plan.voice.name,
             "cached": rendering.cached,
+            "priority": job.priority,
             "stream": request.stream or chunked,
             "sentences": rendering.sentences,
             "cached_sentences": rendering.cached_sentences,

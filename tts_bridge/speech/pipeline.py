@@ -22,7 +22,7 @@ from tts_bridge.engines.registry import UnknownVoiceError, Voice
 from tts_bridge.speech.idle import IdleWork
 from tts_bridge.speech.metrics import Metrics
 from tts_bridge.speech.routing import Route, TierRouter
-from tts_bridge.speech.scheduler import Scheduler
+from tts_bridge.speech.scheduler import Admission, Priority, Scheduler
 from tts_bridge.speech.synthesis import (
     Announcement,
     AudioPart,
@@ -63,6 +63,16 @@ class SpeechJob:
     use_cache: bool
     received: float
     """time.monotonic() when the request arrived."""
+    priority: Priority = "normal"
+    door: str = "other"
+    """The front end it came through (mqtt, hermes, wyoming, http): its share of the queue."""
+    peer: str | None = None
+    """The client's address where the door knows it (Wyoming, HTTP): its share of the queue."""
+
+    @property
+    def cached(self) -> bool:
+        """Every sentence is in the cache for the voice that answers: milliseconds of work."""
+        return self.use_cache and self.estimate_s == 0.0
 
     @property
     def sample_rate(self) -> int:
@@ -166,8 +176,13 @@ class Pipeline:
         target: str = "default",
         received: float | None = None,
         announcement: Announcement | None = None,
+        priority: Priority = "normal",
+        door: str = "other",
+        peer: str | None = None,
     ) -> SpeechJob:
-        """Validate and route a request; raises SpeechError (an unknown voice included)."""
+        """Validate and route a request; raises SpeechError (an unknown voice included).
+
+        `priority`, `door` and `peer` decide its place in the queue (see scheduler.py)."""
         plan = self.check(text, voice, lang, options, announcement)
         return self.route(
             request_id,
@@ -177,6 +192,9 @@ class Pipeline:
             budget_ms=budget_ms,
             target=target,
             received=received,
+            priority=priority,
+            door=door,
+            peer=peer,
         )
 
     def check(
@@ -206,6 +224,9 @@ class Pipeline:
         budget_ms: int | None = None,
         target: str = "default",
         received: float | None = None,
+        priority: Priority = "normal",
+        door: str = "other",
+        peer: str | None = None,
     ) -> SpeechJob:
         """Pick the tier for a validated plan (the second half of `prepare`)."""
         synth = self.synthesizer
@@ -239,6 +260,9 @@ class Pipeline:
             estimate_s=cost,
             use_cache=use_cache,
             received=received if received is not None else time.monotonic(),
+            priority=priority,
+            door=door,
+            peer=peer,
         )
 
     def submit(
@@ -248,19 +272,33 @@ class Pipeline:
         *,
         force: bool = False,
         urgent: bool | None = None,
-    ) -> bool:
-        """Queue `serve(job)` on a worker; False when the queue is full (answer "busy").
+    ) -> Admission:
+        """Queue `serve(job)` on a worker, or the refusal ("busy": `.message` names the limit).
 
         `urgent` defaults to whether the job was sent to the fast voice: those run in the fast
-        lane, so a quick answer never waits for a quality job already rendering."""
+        lane, so a quick answer never waits for a quality job already rendering; so do cache
+        hits. `force` (a resumed request, already acknowledged) skips the queue's limits."""
         if urgent is None:
             urgent = job.route.tier == "fast" and job.rerouted
-        return self.scheduler.submit_live(
-            lambda: serve(job), job.estimate_s, force=force, urgent=urgent
+        admission = self.scheduler.submit_live(
+            lambda: serve(job),
+            job.estimate_s,
+            force=force,
+            urgent=urgent,
+            priority=job.priority,
+            door=job.door,
+            peer=job.peer,
+            cached=job.cached,
         )
-
-    def busy_message(self) -> str:
-        return f"the bridge is busy ({self.settings.limits.max_queue} requests queued); retry later"
+        if not admission:  # each door logs its refusal; this says which limit
+            _LOGGER.debug(
+                "Request %s (%s, %s priority) refused busy: %s",
+                job.id,
+                job.door,
+                job.priority,
+                admission.limit,
+            )
+        return admission
 
     # worker threads
 
@@ -419,6 +457,9 @@ class Pipeline:
         answers, last_latency, last_tier = self.counters.snapshot()
         return {
             "queue_depth": self.scheduler.depth,
+            "queue_lanes": self.scheduler.lanes(),
+            "queue_doors": self.scheduler.doors(),
+            "busy_refusals": self.scheduler.refusals(),
             "active": self.scheduler.active,
             "background_pending": self.idle.pending(),
             "background_running": self.scheduler.background_running,

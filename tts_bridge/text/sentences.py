@@ -37,16 +37,58 @@ _SPACE_BEFORE_MARK = re.compile(r"\s+(?=[,.!?;:…，。！？；：])")
 
 def clean(text: str) -> str:
     """Drop control and format characters (line breaks become spaces); collapse whitespace."""
-    kept = []
-    for char in unicodedata.normalize("NFC", text):
-        category = unicodedata.category(char)
-        if char in "\n\r\t" or category == "Zs":
-            kept.append(" ")
-        elif category[0] == "C":  # Cc control, Cf format (zero-width etc.), Co, Cs, Cn
-            continue
-        else:
-            kept.append(char)
-    return _WHITESPACE.sub(" ", "".join(kept)).strip()
+    cleaner = StreamCleaner()
+    return cleaner.feed(text) + cleaner.finish()
+
+
+class StreamCleaner:
+    """`clean` over text that arrives in pieces (a Wyoming stream), each character once.
+
+    `feed` returns the cleaned text a piece adds. A run of whitespace is held back until
+    something follows it (trailing whitespace never comes out), and so is a piece's last
+    character with its combining marks, which the next piece may compose with (NFC: "e" then
+    a combining accent).
+    """
+
+    def __init__(self) -> None:
+        self._held = ""
+        self._space = False
+        self._started = False
+
+    def feed(self, text: str) -> str:
+        if not text:
+            return ""
+        normalized = unicodedata.normalize("NFC", self._held + text)
+        # Held: the last starter and the combining marks after it (bounded: a stream of
+        # marks alone must not be normalized again with every piece).
+        cut = len(normalized) - 1
+        while cut > 0 and unicodedata.combining(normalized[cut]) and len(normalized) - cut < 32:
+            cut -= 1
+        self._held = normalized[cut:]
+        return self._clean(normalized[:cut])
+
+    def finish(self) -> str:
+        """The rest, once the text is complete."""
+        rest, self._held = self._held, ""
+        return self._clean(rest)
+
+    def _clean(self, text: str) -> str:
+        kept: list[str] = []
+        for char in text:
+            category = unicodedata.category(char)
+            if char in "\n\r\t" or category == "Zs":
+                self._space = self._started
+            elif category[0] == "C":  # Cc control, Cf format (zero-width etc.), Co, Cs, Cn
+                continue
+            elif char.isspace():  # line and paragraph separators
+                self._space = self._started
+            else:
+                if self._space:
+                    kept.append(" ")
+                    self._space = False
+                kept.append(char)
+                self._started = True
+        return "".join(kept)
 
 
 def has_cjk(text: str) -> bool:

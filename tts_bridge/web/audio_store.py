@@ -47,6 +47,9 @@ class StoredAudio:
     container: Container
     size: int
     expires_at: float
+    made_at: float = 0.0
+    """When the file was last written or published again (its ctime: its mtime holds the
+    expiry)."""
 
     @property
     def content_type(self) -> str:
@@ -162,7 +165,9 @@ class AudioStore:
             with contextlib.suppress(OSError):
                 path.unlink()
             return None
-        return StoredAudio(path, _BY_EXTENSION[match.group(2)], stat.st_size, stat.st_mtime)
+        return StoredAudio(
+            path, _BY_EXTENSION[match.group(2)], stat.st_size, stat.st_mtime, stat.st_ctime
+        )
 
     def sweep(self) -> int:
         """Drop expired audio and stale partial writes, then what expires soonest until the

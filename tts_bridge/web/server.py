@@ -9,6 +9,13 @@ and, when the service gives one, the status page at ``/`` and the health report 
 (JSON, for the container's health check) exist, with the routes the service adds (`Routes`: the
 speech API, metrics); any other path, and any token the store does not hold, is a 404 (path
 tricks included: a name is exactly a token and an extension, never a path).
+
+The server is open to the LAN, so it holds: idle connections close after http.keepalive_s (also
+a request whose headers are still incomplete then), and connections are capped in total and per
+client address (past a cap: a bare 503 with Retry-After, and closed, before aiohttp sees the
+connection). Responses carry
+`X-Content-Type-Options: nosniff` and no version banner. An audio URL's ETag is derived from its
+token (one token is one content) and Last-Modified is when the file was made, never its expiry.
 """
 
 from __future__ import annotations
@@ -23,6 +30,8 @@ import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from email.utils import formatdate
+from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
@@ -31,6 +40,13 @@ from aiohttp import web
 
 from tts_bridge.audio import duration_ms, encode
 from tts_bridge.config import HttpSettings, Settings
+from tts_bridge.connections import (
+    LISTEN_BACKLOG,
+    ConnectionCaps,
+    ConnectionGate,
+    GatedProtocol,
+    LoopFaults,
+)
 from tts_bridge.formats import AudioFormat
 from tts_bridge.web.audio_store import AudioStore
 from tts_bridge.wire import encode_json
@@ -38,6 +54,30 @@ from tts_bridge.wire import encode_json
 _LOGGER = logging.getLogger(__name__)
 _ROUTE_PREFIX = "/audio/"
 _ANY_ADDRESS = ("0.0.0.0", "::", "")
+SERVER_NAME = "tts_bridge"
+"""The Server header: no version banner."""
+RETRY_AFTER_S = 5
+_SECURITY_HEADERS = {"Server": SERVER_NAME, "X-Content-Type-Options": "nosniff"}
+
+
+def busy_response(limit: str) -> bytes:
+    """The whole answer to a connection past a cap: written before any HTTP parsing."""
+    body = f"busy: {limit} reached; retry later\n".encode()
+    head = (
+        "HTTP/1.1 503 Service Unavailable\r\n"
+        f"Retry-After: {RETRY_AFTER_S}\r\n"
+        "Content-Type: text/plain; charset=utf-8\r\n"
+        f"Content-Length: {len(body)}\r\n"
+        f"Server: {SERVER_NAME}\r\n"
+        "X-Content-Type-Options: nosniff\r\n"
+        "Connection: close\r\n\r\n"
+    )
+    return head.encode() + body
+
+
+def audio_etag(token: str, size: int) -> str:
+    """The same for every copy of one token's file (the token names the content)."""
+    return f"{token[:16]}-{size:x}"
 
 
 @dataclass(frozen=True)
@@ -90,10 +130,18 @@ class AudioServer:
         store: AudioStore,
         clock: Callable[[], float] = time.time,
         status_page: Callable[[], str] | None = None,
+        caps: ConnectionCaps | None = None,
     ) -> None:
         """`status_page` renders the HTML served at ``/`` (off, a 404, without one); it runs on
-        a worker thread of the server's loop, so it may take locks."""
+        a worker thread of the server's loop, so it may take locks. `caps` are the connection
+        caps fitted under the open-file limit (default: the settings' own)."""
         self.settings = settings
+        self.gate = ConnectionGate(
+            "http",
+            caps.http if caps is not None else settings.max_connections,
+            caps.http_per_peer if caps is not None else settings.max_connections_per_peer,
+        )
+        self.faults = LoopFaults("HTTP")
         self.status_page = status_page
         self.health_report: Callable[[], dict[str, Any]] | None = None
         """The bridge's health (``status`` ok or degraded, with the reasons) at /health."""
@@ -108,8 +156,8 @@ class AudioServer:
         """Route sets registered when the server starts (see `Routes`)."""
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> AudioServer:
-        return cls(settings.http, AudioStore.from_settings(settings))
+    def from_settings(cls, settings: Settings, caps: ConnectionCaps | None = None) -> AudioServer:
+        return cls(settings.http, AudioStore.from_settings(settings), caps=caps)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -162,29 +210,50 @@ class AudioServer:
             self._loop = None
 
     async def _serve(self, ready: threading.Event, failure: list[BaseException]) -> None:
+        loop = asyncio.get_running_loop()
+        self.faults.install(loop)
         app = web.Application(middlewares=[self._errors_middleware])
+        app.on_response_prepare.append(_security_headers)
         app.router.add_get(_ROUTE_PREFIX + "{name}", self._handle_audio)  # HEAD too
         app.router.add_get("/", self._handle_status)
         for routes in self.routes:
             routes.register(app)
         app.router.add_get("/health", self._handle_health)
         # No access log: URLs are secrets, and a speaker's range requests would flood it.
-        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        runner = web.AppRunner(
+            app,
+            access_log=None,
+            handle_signals=False,
+            keepalive_timeout=self.settings.keepalive_s,
+        )
         await runner.setup()
         self._runner = runner
         self._stopped = asyncio.Event()
+        handler = runner.server
+        assert handler is not None
+        listener: asyncio.Server | None = None
         try:
-            site = web.TCPSite(
-                runner, self.settings.host or None, self.settings.port, reuse_address=True
+            # Our own listener instead of aiohttp's site: each connection passes the gate first.
+            listener = await loop.create_server(
+                lambda: GatedProtocol(handler, self.gate, busy_response),
+                self.settings.host or None,
+                self.settings.port,
+                reuse_address=True,
+                backlog=LISTEN_BACKLOG,
             )
-            await site.start()
-            addresses = runner.addresses
-            self._port = int(addresses[0][1]) if addresses else self.settings.port
+            sockets = listener.sockets
+            self._port = int(sockets[0].getsockname()[1]) if sockets else self.settings.port
             ready.set()
             await self._stopped.wait()
         finally:
+            if listener is not None:
+                listener.close()
             await runner.cleanup()
             self._runner = None
+
+    def describe(self) -> dict[str, object]:
+        """Connections and what the loop reported, for the health report."""
+        return {**self.gate.snapshot(), "accept_errors": self.faults.snapshot()}
 
     # -- requests ----------------------------------------------------------------------------
 
@@ -207,18 +276,25 @@ class AudioServer:
             raise web.HTTPInternalServerError() from None
 
     async def _handle_audio(self, request: web.Request) -> web.StreamResponse:
-        stored = self.store.lookup(request.match_info["name"])
+        name = request.match_info["name"]
+        stored = self.store.lookup(name)
         if stored is None:
             raise web.HTTPNotFound()
-        max_age = max(int(stored.expires_at - self._clock()), 0)
-        return web.FileResponse(
-            stored.path,
-            headers={
-                "Content-Type": stored.content_type,
-                "Cache-Control": f"private, max-age={max_age}",
-                "Accept-Ranges": "bytes",
-            },
-        )
+        now = self._clock()
+        max_age = max(int(stored.expires_at - now), 0)
+        etag = audio_etag(name, stored.size)
+        headers = {
+            "Content-Type": stored.content_type,
+            "Cache-Control": f"private, max-age={max_age}",
+            "Accept-Ranges": "bytes",
+            "ETag": f'"{etag}"',
+            # When it was made, never in the future (the file's mtime is its expiry).
+            "Last-Modified": formatdate(min(stored.made_at, now), usegmt=True),
+        }
+        if_none_match = request.if_none_match
+        if if_none_match and any(tag.value in (etag, "*") for tag in if_none_match):
+            return web.Response(status=304, headers=headers)
+        return _AudioFile(stored.path, headers=headers)
 
     async def _handle_status(self, request: web.Request) -> web.StreamResponse:
         render = self.status_page
@@ -307,6 +383,24 @@ class AudioServer:
     def read(self, published: PublishedAudio) -> bytes | None:
         """The bytes behind a published URL (None if they went meanwhile)."""
         return self.store.read(published.token, published.format)
+
+
+class _AudioFile(web.FileResponse):
+    """A FileResponse whose ETag and Last-Modified are the server's, not the file's times."""
+
+    def __init__(self, path: Path, headers: dict[str, str]) -> None:
+        super().__init__(path, headers=headers)
+        self.stable_etag = headers["ETag"]
+        self.made = headers["Last-Modified"]
+
+
+async def _security_headers(request: web.Request, response: web.StreamResponse) -> None:
+    """Before any response's headers go out (errors included)."""
+    response.headers.update(_SECURITY_HEADERS)
+    if isinstance(response, _AudioFile):
+        # FileResponse sets both from the file's mtime, which holds the expiry.
+        response.headers["ETag"] = response.stable_etag
+        response.headers["Last-Modified"] = response.made
 
 
 def _redact(path: str) -> str:

@@ -391,8 +391,7 @@ class SpeechApi:
 
     def _prepare(self, request: web.Request, speech: SpeechRequest) -> SpeechJob:
         """The door's one call into the pipeline: validation (voice, text, limits) and
-        routing. The pipeline's per-door and per-peer fairness is to get this door's name
-        (DOOR) and the peer (request.remote) here once it takes them."""
+        routing; the door and the client's address are its share of the queue."""
         options = {"speed": speech.speed} if speech.speed is not None else None
         return self._pipeline.prepare(
             new_id(),
@@ -403,6 +402,8 @@ class SpeechApi:
             tier=speech.tier,
             use_cache=speech.use_cache,
             target=DOOR,
+            door=DOOR,
+            peer=request.remote,
         )
 
     async def _answer(self, request: web.Request, speech: SpeechRequest) -> web.StreamResponse:
@@ -418,8 +419,9 @@ class SpeechApi:
             short(speech.text),
         )
         delivery = AsyncDelivery(asyncio.get_running_loop(), self._pipeline)
-        if not self._pipeline.submit(job, delivery.serve):
-            raise SpeechError("busy", self._pipeline.busy_message())
+        admission = self._pipeline.submit(job, delivery.serve)
+        if not admission:
+            raise SpeechError("busy", admission.message)
         try:
             if speech.stream and speech.container in STREAM_FORMATS:
                 response, complete = await self._stream(request, job, delivery, speech)

@@ -20,10 +20,12 @@ from wyoming.audio import AudioChunk, AudioStart, AudioStop
 from wyoming.error import Error
 from wyoming.event import Event
 from wyoming.info import Attribution, Info, TtsProgram, TtsVoice
+from wyoming.version import __version__ as wyoming_version
 from zeroconf import ServiceInfo
 
-from tts_bridge.text.sentences import clean, split_sentences
+from tts_bridge.text.sentences import StreamCleaner, split_sentences
 from tts_bridge.text.ssml import is_ssml
+from tts_bridge.wire import encode_json, json_depth
 
 SAMPLE_WIDTH = 2
 """Bytes per sample: the bridge's audio is 16-bit PCM."""
@@ -77,7 +79,18 @@ def _length(header: dict[str, Any], key: str, max_bytes: int) -> int:
     return value
 
 
-async def read_event(reader: asyncio.StreamReader, max_bytes: int) -> Event | None:
+def _parse_json(raw: bytes, what: str, max_depth: int) -> Any:
+    if json_depth(raw, max_depth) > max_depth:
+        raise WyomingRequestError("malformed_event", f"{what} nests deeper than {max_depth} levels")
+    try:
+        return json.loads(raw)
+    except ValueError:
+        raise WyomingRequestError("malformed_event", f"{what} is not JSON") from None
+
+
+async def read_event(
+    reader: asyncio.StreamReader, max_bytes: int, max_depth: int = 8
+) -> Event | None:
     """The next event, or None at the end of the stream.
 
     The same framing as `wyoming.event.async_read_event` (a JSON header line, then
@@ -93,10 +106,7 @@ async def read_event(reader: asyncio.StreamReader, max_bytes: int) -> Event | No
         return None
     if not line.endswith(b"\n"):
         return None  # the client went away in the middle of a header
-    try:
-        header = json.loads(line)
-    except ValueError:
-        raise WyomingRequestError("malformed_event", "the event header is not JSON") from None
+    header = _parse_json(line, "the event header", max_depth)
     if not isinstance(header, dict) or not isinstance(header.get("type"), str):
         raise WyomingRequestError("malformed_event", "an event is a JSON object with a 'type'")
     data = header.get("data", {})
@@ -108,12 +118,9 @@ async def read_event(reader: asyncio.StreamReader, max_bytes: int) -> Event | No
     payload_length = _length(header, "payload_length", max_bytes)
     try:
         if data_length:
-            try:
-                extra = json.loads(await reader.readexactly(data_length))
-            except ValueError:
-                raise WyomingRequestError(
-                    "malformed_event", "the event's data is not JSON"
-                ) from None
+            extra = _parse_json(
+                await reader.readexactly(data_length), "the event's data", max_depth
+            )
             if not isinstance(extra, dict):
                 raise WyomingRequestError(
                     "malformed_event", "an event's data must be a JSON object"
@@ -123,6 +130,19 @@ async def read_event(reader: asyncio.StreamReader, max_bytes: int) -> Event | No
     except asyncio.IncompleteReadError:
         return None
     return Event(type=header["type"], data=data, payload=payload)
+
+
+def encode_event(event: Event) -> bytes:
+    """An event as Wyoming frames it (a JSON header line, its data, its payload), like
+    `wyoming.event.async_write_event`, but text UTF-8 cannot carry (a lone surrogate echoed
+    from a ping) is escaped instead of failing the write."""
+    header: dict[str, Any] = {"type": event.type, "version": wyoming_version}
+    data = encode_json(event.data) if event.data else b""
+    if data:
+        header["data_length"] = len(data)
+    if event.payload:
+        header["payload_length"] = len(event.payload)
+    return b"".join((encode_json(header), b"\n", data, event.payload or b""))
 
 
 # -- requests --------------------------------------------------------------------------------
@@ -226,38 +246,61 @@ def choose_voice(
     )
 
 
+def raw_size(text: str) -> int:
+    """UTF-8 bytes of a request's text as sent (a lone surrogate counts as three)."""
+    return len(text.encode("utf-8", "surrogatepass"))
+
+
 class SentenceStream:
     """Text arriving in pieces -> complete sentences, as soon as the text shows they are.
 
     A sentence is complete when the splitter sees what follows its end ("...done. Now" ends
-    "done."; "...done." alone may yet be "Dr."), so the last sentence waits for `finish`.
+    "done."; "...done." alone may yet be "Dr."), so the last sentence waits for `finish`. Each
+    piece is cleaned once, as it comes (`StreamCleaner`); only the unfinished sentence is
+    split again, and it is bounded by the characters limit.
     """
 
-    def __init__(self, *, whole: bool = False) -> None:
+    def __init__(self, max_raw_bytes: int | None = None, *, whole: bool = False) -> None:
+        self._max_raw_bytes = max_raw_bytes
+        self._cleaner = StreamCleaner()
         self._pending = ""
         self._whole = whole
         """SSML: one document, spoken once it is complete (a sentence cut out of it is not XML)."""
         self.chars = 0
-        """Characters received (after cleaning, give or take the spaces between pieces)."""
+        """Characters received, after cleaning."""
+        self.raw_bytes = 0
+        """Bytes received, before cleaning (UTF-8)."""
 
     def add(self, text: str) -> list[str]:
-        self.chars += len(clean(text))
-        self._pending += text
+        """The sentences `text` completes; raises WyomingRequestError (text_too_long) once the
+        raw stream passes `max_raw_bytes`, before cleaning any of it."""
+        self.raw_bytes += raw_size(text)
+        if self._max_raw_bytes is not None and self.raw_bytes > self._max_raw_bytes:
+            raise WyomingRequestError(
+                "text_too_long",
+                f"the streamed text has more than {self._max_raw_bytes} bytes "
+                "(limits.max_raw_text_bytes)",
+            )
+        cleaned = self._cleaner.feed(text)
+        if not cleaned:
+            return []
+        self.chars += len(cleaned)
+        self._pending += cleaned
         if self._whole or is_ssml(self._pending):
             self._whole = True
             return []
-        pieces = split_sentences(clean(self._pending))
+        pieces = split_sentences(self._pending)
         if len(pieces) < 2:
             return []
-        rest = pieces[-1]
-        if self._pending[-1:].isspace():
-            rest += " "  # the next piece starts a new word
-        self._pending = rest
+        done = len(self._pending) - len(pieces[-1])
+        self._pending = self._pending[done:]
         return pieces[:-1]
 
     def finish(self) -> str:
-        rest, self._pending = clean(self._pending), ""
-        return rest
+        rest = self._cleaner.finish()
+        self.chars += len(rest)
+        text, self._pending = (self._pending + rest).strip(), ""
+        return text
 
 
 # -- answers ---------------------------------------------------------------------------------

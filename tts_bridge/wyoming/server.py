@@ -10,6 +10,12 @@ handed to the scheduler's worker threads with `Pipeline.submit`, and its audio c
 the loop part by part (`AsyncDelivery`) as each sentence, or streamed ChatTTS piece, is ready.
 A request that fails gets an `error` event and then the connection is closed, because Home
 Assistant ignores `error` events and waits until the connection ends.
+
+The server is open to the LAN, so it holds: connections are capped in total and per client
+address (past a cap: an `error` event with code `busy`, and closed), a client that sends
+nothing for IDLE_TIMEOUT_S is closed, one that does not read its audio for
+wyoming.write_timeout_s is dropped and its synthesis stopped, and the kernel buffers at most
+SEND_BUFFER bytes for each. A client's requests count against its address's share of the queue.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ import numpy as np
 from wyoming.event import Event
 from wyoming.info import Describe
 from wyoming.ping import Ping, Pong
-from wyoming.server import AsyncEventHandler, AsyncTcpServer
+from wyoming.server import AsyncEventHandler
 from wyoming.tts import (
     Synthesize,
     SynthesizeChunk,
@@ -40,6 +46,14 @@ from zeroconf.asyncio import AsyncZeroconf
 
 from tts_bridge import __version__, audio
 from tts_bridge.config import Settings, WyomingSettings
+from tts_bridge.connections import (
+    LISTEN_BACKLOG,
+    ConnectionCaps,
+    ConnectionGate,
+    GatedProtocol,
+    LoopFaults,
+    peer_host,
+)
 from tts_bridge.engines.base import Tier
 from tts_bridge.speech.async_delivery import AsyncDelivery, Finished
 from tts_bridge.speech.pipeline import Pipeline, SpeechError
@@ -56,8 +70,10 @@ from tts_bridge.wyoming.events import (
     audio_stop,
     build_info,
     choose_voice,
+    encode_event,
     error_event,
     event_text,
+    raw_size,
     read_event,
     requested_voice,
     service_info,
@@ -76,6 +92,11 @@ STOP_TIMEOUT_S = 5.0
 LINGER_S = 2.0
 """After a refusal, how long the server waits for the client to close its side."""
 _MDNS_GROUP = "224.0.0.251"
+SEND_BUFFER = 128 * 1024
+"""SO_SNDBUF of each connection: what the kernel holds for a client that does not read (a few
+seconds of audio), so a stalled client shows at drain() instead of filling memory."""
+LINE_LIMIT = 64 * 1024
+"""Longest event header line (asyncio's default stream limit)."""
 
 
 class _ClientGoneError(Exception):
@@ -154,7 +175,7 @@ class _Stream:
     """A streaming request between synthesize-start and synthesize-stop."""
 
     answer: _Answer
-    text: SentenceStream = field(default_factory=SentenceStream)
+    text: SentenceStream
     pending: list[str] = field(default_factory=list)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     finishing: bool = False
@@ -180,16 +201,19 @@ class _Session(AsyncEventHandler):
         self._write_lock = asyncio.Lock()
         peer = writer.get_extra_info("peername")
         self._peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else "client"
+        self._peer_host = peer_host(writer.transport)
+        """The client's address: its share of the queue."""
 
     # the connection
 
     async def run(self) -> None:
         max_bytes = self._server.max_event_bytes
+        max_depth = self._server.max_json_depth
         try:
             while not self._closing:
                 try:
                     event = await asyncio.wait_for(
-                        read_event(self.reader, max_bytes), IDLE_TIMEOUT_S
+                        read_event(self.reader, max_bytes, max_depth), IDLE_TIMEOUT_S
                     )
                 except TimeoutError:
                     raise WyomingRequestError(
@@ -227,10 +251,24 @@ class _Session(AsyncEventHandler):
             await self.writer.wait_closed()
 
     async def write_event(self, event: Event) -> None:
+        """Send an event; a client that has not read it within wyoming.write_timeout_s is
+        dropped (its synthesis then stops at its next part)."""
+        timeout_s = self._server.write_timeout_s
         async with self._write_lock:
             try:
-                await super().write_event(event)
-            except (ConnectionError, OSError) as exc:
+                self.writer.write(encode_event(event))
+                async with asyncio.timeout(timeout_s):
+                    await self.writer.drain()
+            except TimeoutError:
+                _LOGGER.warning(
+                    "Wyoming client %s read nothing for %.0f s (wyoming.write_timeout_s); dropped",
+                    self._peer,
+                    timeout_s,
+                )
+                self._server.dropped_writers += 1
+                self.writer.transport.abort()
+                raise _ClientGoneError() from None
+            except (ConnectionError, OSError, RuntimeError) as exc:
                 raise _ClientGoneError() from exc
 
     async def _refuse(self, exc: WyomingRequestError) -> None:
@@ -287,6 +325,12 @@ class _Session(AsyncEventHandler):
 
     async def _on_synthesize(self, event: Event) -> None:
         text = event_text(event)
+        limit = self._server.max_raw_text_bytes
+        if raw_size(text) > limit:
+            raise WyomingRequestError(
+                "text_too_long",
+                f"the text has more than {limit} bytes (limits.max_raw_text_bytes)",
+            )
         if self._stream is not None:
             # Home Assistant repeats the whole text this way for servers that do not stream;
             # speaking it too would say everything twice.
@@ -299,8 +343,9 @@ class _Session(AsyncEventHandler):
         await self._say(answer, text)
         if not answer.started:  # the pipeline answers every text with audio or an error
             raise WyomingRequestError("synthesis_failed", "no audio was made")
-        await self.write_event(audio_stop())
+        # Counted first: a client that reads health after its answer finds it counted.
         self._answered(answer)
+        await self.write_event(audio_stop())
 
     def _on_stream_start(self, event: Event) -> None:
         if self._stream is not None:
@@ -308,7 +353,9 @@ class _Session(AsyncEventHandler):
         answer = self._answer_for(requested_voice(event.data))
         answer.ssml = text_format_ssml(event.data)
         _LOGGER.info("Wyoming stream from %s (%s) started", self._peer, answer.voice)
-        stream = _Stream(answer, SentenceStream(whole=answer.ssml is True))
+        stream = _Stream(
+            answer, SentenceStream(self._server.max_raw_text_bytes, whole=answer.ssml is True)
+        )
         stream.speaker = asyncio.create_task(self._speak_stream(stream), name="wyoming speaker")
         self._stream = stream
         self._busy = True
@@ -342,9 +389,9 @@ class _Session(AsyncEventHandler):
         if self._closing:  # the speaker refused a sentence
             return
         self._stream = None
+        self._answered(stream.answer)  # counted first, as above
         await self.write_event(audio_stop())
         await self.write_event(SynthesizeStopped().event())
-        self._answered(stream.answer)
 
     def _require_stream(self, kind: str) -> _Stream:
         if self._stream is None:
@@ -400,6 +447,8 @@ class _Session(AsyncEventHandler):
                 tier=answer.tier,
                 target=TARGET,
                 announcement=Announcement(ssml=answer.ssml),
+                door="wyoming",
+                peer=self._peer_host,
             )
         except SpeechError as exc:
             raise WyomingRequestError(exc.code, str(exc)) from None
@@ -407,8 +456,9 @@ class _Session(AsyncEventHandler):
             answer.tier, answer.rate = job.route.tier, job.sample_rate
         _LOGGER.debug("Wyoming job %s: %s tier (%s)", job.id, job.route.tier, job.route.reason)
         delivery = AsyncDelivery(asyncio.get_running_loop(), pipeline)
-        if not pipeline.submit(job, delivery.serve):
-            raise WyomingRequestError("busy", "the bridge is busy; retry later")
+        admission = pipeline.submit(job, delivery.serve)
+        if not admission:
+            raise WyomingRequestError("busy", admission.message)
         try:
             while True:
                 try:
@@ -441,9 +491,26 @@ class WyomingServer:
     logged and leaves the rest of the bridge running.
     """
 
-    def __init__(self, settings: Settings, pipeline: Pipeline) -> None:
+    def __init__(
+        self, settings: Settings, pipeline: Pipeline, caps: ConnectionCaps | None = None
+    ) -> None:
+        """`caps` are the connection caps fitted under the open-file limit (default: the
+        settings' own)."""
         self._settings = settings.wyoming
         self.pipeline = pipeline
+        self.gate = ConnectionGate(
+            "wyoming",
+            caps.wyoming if caps is not None else settings.wyoming.max_connections,
+            caps.wyoming_per_peer
+            if caps is not None
+            else settings.wyoming.max_connections_per_peer,
+        )
+        self.faults = LoopFaults("Wyoming")
+        self.write_timeout_s = settings.wyoming.write_timeout_s
+        self.dropped_writers = 0
+        """Clients dropped because they did not read their audio."""
+        self.max_raw_text_bytes = settings.limits.max_raw_text_bytes
+        self.max_json_depth = settings.limits.max_json_depth
         self.max_text_chars = settings.limits.max_text_chars
         # A synthesize event is its text and a voice: room for the longest text, in UTF-8,
         # JSON-escaped, with the payload limit of MQTT requests as the floor.
@@ -488,16 +555,37 @@ class WyomingServer:
             self.serving = False
             self._ready.set()
 
-    def _new_session(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> _Session:
-        return _Session(self, reader, writer)
+    async def _session(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        # Cancelled only when the server stops; asyncio's stream callback would report a
+        # cancelled session as an error.
+        with contextlib.suppress(asyncio.CancelledError):
+            await _Session(self, reader, writer).run()
+
+    def _protocol(self) -> asyncio.Protocol:
+        reader = asyncio.StreamReader(limit=LINE_LIMIT)
+        return asyncio.StreamReaderProtocol(reader, self._session)
+
+    @staticmethod
+    def _busy(limit: str) -> bytes:
+        return encode_event(
+            error_event("busy", f"the bridge is busy: {limit} reached; retry later")
+        )
 
     async def _serve(self) -> None:
         settings = self._settings
-        self._loop = asyncio.get_running_loop()
+        loop = asyncio.get_running_loop()
+        self.faults.install(loop)
+        self._loop = loop
         self._stopping = asyncio.Event()
-        server = AsyncTcpServer(settings.host, settings.port)
         try:
-            await server.start(self._new_session)
+            # Each connection passes the gate before a session (and a task) is made for it.
+            listener = await loop.create_server(
+                lambda: GatedProtocol(self._protocol, self.gate, self._busy, SEND_BUFFER),
+                settings.host or None,
+                settings.port,
+                reuse_address=True,
+                backlog=LISTEN_BACKLOG,
+            )
         except OSError as exc:
             _LOGGER.error(
                 "Wyoming server cannot listen on %s:%d (%s): Home Assistant's Wyoming "
@@ -518,8 +606,16 @@ class WyomingServer:
                 with contextlib.suppress(Exception):
                     await zeroconf.async_unregister_all_services()
                 await zeroconf.async_close()
-            await server.stop()
+            listener.close()
             await _cancel_others()
+
+    def describe(self) -> dict[str, object]:
+        """Connections and what the loop reported, for the health report."""
+        return {
+            **self.gate.snapshot(),
+            "dropped_slow_readers": self.dropped_writers,
+            "accept_errors": self.faults.snapshot(),
+        }
 
     async def _announce(self) -> AsyncZeroconf | None:
         info = announcement(self._settings)
