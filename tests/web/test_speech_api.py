@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import socket
 import threading
 import time
 import urllib.parse
@@ -26,6 +27,7 @@ from tests.support.web import raw_request
 from tts_bridge import app
 from tts_bridge.audio_stream import PCM_RATE
 from tts_bridge.bench.localbroker import free_port
+from tts_bridge.web import speech_api
 from tts_bridge.web.api_keys import ApiKeys, read_keys_file
 from tts_bridge.web.server import AudioServer
 
@@ -346,12 +348,65 @@ def test_speak_takes_json_form_multipart_and_plain_text(served: app.Service) -> 
         (b'{"text": "hi", "format": "aac"}', "application/json", "unsupported_format"),
         (b"\xff\xfe", "text/plain", "invalid_utf8"),
         (b'{"text": "' + b"a" * 20_000 + b'"}', "application/json", "payload_too_large"),
+        (b'{"text": "hi", "priority": "urgent"}', "application/json", "invalid_priority"),
     ],
 )
 def test_speak_refusals(served: app.Service, body: bytes, content_type: str, code: str) -> None:
     status, _, answer = speak(served, body, content_type)
     assert status == (413 if code == "payload_too_large" else 400)
     assert error_of(answer)["code"] == code
+
+
+def _post_in_pieces(
+    service: app.Service, pieces: list[bytes], length: int, pause_s: float
+) -> bytes:
+    """A POST whose body arrives in pieces, `pause_s` apart (a slow phone on Wi-Fi)."""
+    port = audio_server(service).port
+    head = (
+        f"POST /api/speak HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {length}\r\nConnection: close\r\n\r\n"
+    ).encode()
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as conn:
+        conn.sendall(head)
+        for piece in pieces:
+            time.sleep(pause_s)
+            conn.sendall(piece)
+        answer = b""
+        while chunk := conn.recv(65536):
+            answer += chunk
+    return answer
+
+
+def test_a_body_that_arrives_in_pieces_is_read_whole(served: app.Service) -> None:
+    body = json.dumps({"text": "The parcel is at the door.", "priority": "high"}).encode()
+    answer = _post_in_pieces(served, [body[:10], body[10:]], len(body), 0.3)
+    head, _, audio = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200"), answer[:300]
+    assert decode(audio)[1] == JOE_RATE
+
+
+def test_a_body_that_never_arrives_is_refused(
+    served: app.Service, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(speech_api, "BODY_TIMEOUT_S", 0.5)
+    answer = _post_in_pieces(served, [b'{"text": "'], 100, 0.0)
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 408"), answer[:300]
+    assert error_of(body)["code"] == "request_timeout"
+    # and the bridge goes on serving
+    status, _, _ = speak(served, b'{"text": "Still here."}', "application/json")
+    assert status == 200
+
+
+def test_the_openai_client_can_ask_for_a_priority(served: app.Service) -> None:
+    audio = client_for(served).audio.speech.create(
+        model="tts-1",
+        voice="joe",
+        input="Smoke in the kitchen.",
+        response_format="wav",
+        extra_body={"priority": "alert"},
+    )
+    assert decode(audio.content)[0].shape[0] > 0
 
 
 def test_concurrent_requests_each_get_their_own_audio(served: app.Service) -> None:

@@ -173,6 +173,11 @@ class Bridge:
         idle_unload = self._settings.models.idle_unload_s
         engines = self._pipeline.synthesizer.engines
         next_prune = time.monotonic() + self._settings.scheduler.health_interval_s
+        # A fault that lasts (no file descriptors, an unreadable /proc) fails every pass: its
+        # traceback once, then one line a minute while it lasts, not a line a second.
+        failing: str | None = None
+        failed_passes = 0
+        logged_at = 0.0
         while not self._stopped.wait(1.0):
             now = time.monotonic()
             try:
@@ -184,5 +189,16 @@ class Bridge:
                 if now >= next_prune and self.journal is not None:
                     next_prune = now + 3600
                     self.journal.prune()
-            except Exception:
-                _LOGGER.exception("Maintenance failed")
+            except Exception as exc:
+                fault = f"{type(exc).__name__}: {exc}"
+                failed_passes += 1
+                if fault != failing:
+                    _LOGGER.exception("Maintenance failed")
+                    failing, failed_passes, logged_at = fault, 1, now
+                elif now - logged_at >= 60.0:
+                    _LOGGER.error("Maintenance still failing (%d passes): %s", failed_passes, fault)
+                    logged_at = now
+            else:
+                if failing is not None:
+                    _LOGGER.info("Maintenance works again after %d failed passes", failed_passes)
+                    failing, failed_passes = None, 0

@@ -36,6 +36,7 @@ from tts_bridge.engines.base import Tier
 from tts_bridge.formats import AudioFormat, Container
 from tts_bridge.speech.async_delivery import AsyncDelivery, Finished
 from tts_bridge.speech.pipeline import Pipeline, SpeechError, SpeechJob
+from tts_bridge.speech.scheduler import PRIORITIES, Priority
 from tts_bridge.speech.synthesis import AudioPart, Rendering
 from tts_bridge.textlog import short
 from tts_bridge.web.api_keys import ApiKeys
@@ -77,15 +78,27 @@ _TIERS = get_args(Tier)
 _STATUS = {
     "invalid_api_key": 401,
     "payload_too_large": 413,
+    "request_timeout": 408,
     "busy": 503,
     "synthesis_failed": 500,
     "encoding_failed": 500,
     "internal_error": 500,
 }
 _OPENAI_KEYS = frozenset(
-    {"model", "input", "voice", "response_format", "speed", "instructions", "stream_format"}
+    {
+        "model",
+        "input",
+        "voice",
+        "response_format",
+        "speed",
+        "instructions",
+        "stream_format",
+        "priority",  # the bridge's own (OpenAI clients send it with extra_body)
+    }
 )
-_SPEAK_KEYS = frozenset({"text", "voice", "lang", "tier", "format", "speed", "cache"})
+_SPEAK_KEYS = frozenset({"text", "voice", "lang", "tier", "format", "speed", "cache", "priority"})
+# A client that sends its body slower than this is holding a connection, not asking.
+BODY_TIMEOUT_S = 15.0
 
 
 class ApiRequestError(Exception):
@@ -128,6 +141,8 @@ class SpeechRequest:
     use_cache: bool = True
     stream: bool = True
     """Send the audio as it is made when the format allows (the OpenAI endpoint)."""
+    priority: Priority = "normal"
+    """Its place in the queue, as on every door: alert > high > normal > low."""
 
 
 def _string(fields: Mapping[str, Any], key: str, *, required: bool = False) -> str | None:
@@ -152,6 +167,16 @@ def _speed(value: object) -> float | None:
     if isinstance(value, bool) or not math.isfinite(speed):
         raise ApiRequestError("invalid_options", "'speed' must be a number", "speed")
     return None if speed == 1.0 else speed
+
+
+def _priority(fields: Mapping[str, Any]) -> Priority:
+    value = fields.get("priority", "normal")
+    for priority in PRIORITIES:
+        if value == priority:
+            return priority
+    raise ApiRequestError(
+        "invalid_priority", f"'priority' must be one of {', '.join(PRIORITIES)}", "priority"
+    )
 
 
 def _format(name: str | None, default: str) -> str:
@@ -211,6 +236,7 @@ def parse_openai(fields: Mapping[str, Any], voices: frozenset[str]) -> SpeechReq
         container=_format(_string(fields, "response_format"), "mp3"),
         tier=MODELS[model],
         speed=_speed(fields.get("speed")),
+        priority=_priority(fields),
     )
 
 
@@ -236,6 +262,7 @@ def parse_speak(fields: Mapping[str, Any]) -> SpeechRequest:
         lang=_string(fields, "lang") or None,
         use_cache=cache,
         stream=False,
+        priority=_priority(fields),
     )
 
 
@@ -341,10 +368,23 @@ class SpeechApi:
         limit = self.max_body_bytes
         if request.content_length is not None and request.content_length > limit:
             raise ApiRequestError("payload_too_large", f"the request is larger than {limit} bytes")
-        body = await request.content.read(limit + 1)
-        if len(body) > limit:
-            raise ApiRequestError("payload_too_large", f"the request is larger than {limit} bytes")
-        return body
+        # read() returns what has arrived so far, not the whole body: read to its end.
+        chunks: list[bytes] = []
+        size = 0
+        try:
+            async with asyncio.timeout(BODY_TIMEOUT_S):
+                while chunk := await request.content.read(limit + 1 - size):
+                    chunks.append(chunk)
+                    size += len(chunk)
+                    if size > limit:
+                        raise ApiRequestError(
+                            "payload_too_large", f"the request is larger than {limit} bytes"
+                        )
+        except TimeoutError:
+            raise ApiRequestError(
+                "request_timeout", f"the request body did not arrive within {BODY_TIMEOUT_S:g} s"
+            ) from None
+        return b"".join(chunks)
 
     async def _json(self, request: web.Request) -> dict[str, Any]:
         body = await self._body(request)
@@ -404,6 +444,7 @@ class SpeechApi:
             target=DOOR,
             door=DOOR,
             peer=request.remote,
+            priority=speech.priority,
         )
 
     async def _answer(self, request: web.Request, speech: SpeechRequest) -> web.StreamResponse:
