@@ -243,7 +243,10 @@ def build_metrics(pipeline: Pipeline, outbox: Outbox) -> Metrics:
         engines = synth.engines
         cache = synth.cache.stats()
         return State(
-            queue_depth={"live": pipeline.scheduler.depth, "idle": pipeline.idle.pending()},
+            queue_depth={
+                **{lane: sum(ranks.values()) for lane, ranks in pipeline.scheduler.lanes().items()},
+                "idle": pipeline.idle.pending(),
+            },
             resident_bytes=psutil.Process().memory_info().rss,
             broker_connected=outbox.connected,
             loaded_models=tuple(engines.loaded()),

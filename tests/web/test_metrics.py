@@ -78,7 +78,8 @@ def test_counters_move_after_requests(services: Services) -> None:
     assert moved("tts_bridge_real_time_factor_count", voice="joe") >= 1
     assert value(after, "tts_bridge_resident_memory_bytes") > 0
     assert value(after, "tts_bridge_broker_connected") == 1
-    assert ("tts_bridge_queue_depth", (("lane", "live"),)) in after
+    for lane in ("quality", "fast", "idle"):
+        assert ("tts_bridge_queue_depth", (("lane", lane),)) in after
     assert value(after, "tts_bridge_cache_entries") >= 1
     # No request text in any label.
     labels = {v for _, pairs in after for _, v in pairs}
