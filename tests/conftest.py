@@ -7,4 +7,5 @@ pytest_plugins = [
     "tests.support.fake",
     "tests.support.chattts_tiny",
     "tests.support.ordering",
+    "tests.support.logging_guard",
 ]
