@@ -15,10 +15,11 @@ import logging
 import queue
 import re
 import shutil
+import signal
 import subprocess
 import threading
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -172,6 +173,11 @@ def run_player(
         host, port, topics, username=username, password=password, tls=tls, ready=ready
     )
     handled = 0
+    stop = stop or threading.Event()
+    # Once listening, Ctrl-C only sets `stop`: a KeyboardInterrupt raised inside the message
+    # queue's Condition.wait can leave its lock held, and the MQTT thread then blocks on put()
+    # and close() waits for it for ever.
+    restore = _stop_on_ctrl_c(stop)
     # Everything from the first connection attempt on is inside the try: Ctrl-C while the
     # broker is slow to answer is as ordinary as Ctrl-C while waiting for audio.
     try:
@@ -180,7 +186,7 @@ def run_player(
             return status
         _LOGGER.info("Listening on %s; %s", " and ".join(topics), doing)
         while count is None or handled < count:
-            if stop is not None and stop.is_set():
+            if stop.is_set():
                 break
             try:
                 message = session.messages.get(timeout=_POLL_S)
@@ -191,9 +197,28 @@ def run_player(
     except KeyboardInterrupt:
         _LOGGER.info("Interrupted")
     finally:
+        restore()
         session.close()
     _LOGGER.info("Stopped after %d audio message(s)", handled)
     return EXIT_OK
+
+
+def _stop_on_ctrl_c(stop: threading.Event) -> Callable[[], None]:
+    """Make SIGINT set `stop` (main thread only; elsewhere signals cannot be handled); returns
+    what puts the previous handler back."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def interrupted(signum: int, frame: object) -> None:
+        _LOGGER.info("Interrupted")
+        stop.set()
+
+    previous = signal.signal(signal.SIGINT, interrupted)
+
+    def restore() -> None:
+        signal.signal(signal.SIGINT, previous)
+
+    return restore
 
 
 def _choose_output(out_dir: Path | None) -> tuple[list[str] | None, str] | None:
