@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tts_bridge.config import Settings
+from tts_bridge.faults import LogThrottle
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -282,11 +283,9 @@ class LoopFaults:
         self, door: str, interval_s: float = 60.0, clock: Callable[[], float] = time.monotonic
     ) -> None:
         self.door = door
-        self._interval_s = interval_s
-        self._clock = clock
+        self._throttle = LogThrottle(interval_s, clock)
         self._lock = threading.Lock()
         self._counts: Counter[str] = Counter()
-        self._logged: dict[str, tuple[float, int]] = {}
 
     def install(self, loop: asyncio.AbstractEventLoop) -> None:
         loop.set_exception_handler(self)
@@ -301,15 +300,11 @@ class LoopFaults:
             condition = type(exc).__name__
         else:
             condition = str(context.get("message", "unknown"))[:80]
-        now = self._clock()
         with self._lock:
             self._counts[condition] += 1
-            total = self._counts[condition]
-            last = self._logged.get(condition)
-            if last is not None and now - last[0] < self._interval_s:
-                return
-            self._logged[condition] = (now, total)
-        since = total - (last[1] if last is not None else 0)
+        since = self._throttle.due(condition)
+        if since is None:
+            return
         what = str(context.get("message", "error"))
         if resource_error:
             _LOGGER.error(
@@ -319,7 +314,7 @@ class LoopFaults:
                 what,
                 condition,
                 since,
-                self._interval_s,
+                self._throttle.interval_s,
             )
         else:
             _LOGGER.error(

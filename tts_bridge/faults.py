@@ -1,8 +1,10 @@
-"""Names for storage faults, and a log that reports each fault condition once.
+"""Names for storage faults, a log that reports each fault condition once, and a throttle for
+conditions that repeat.
 
 The cache and the journal both keep serving when their disk is full or read-only; what they need
 in common is a short name for the condition (for the log and for health) and one warning when a
-condition starts, not one per request.
+condition starts, not one per request. A fault that repeats every second while it lasts (no file
+descriptors, a broker refusing publishes) is reported once a minute through `LogThrottle`.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import logging
 import sqlite3
 import threading
 import time
+from collections.abc import Callable, Hashable
 
 _ERRNO_CONDITIONS = {
     errno.ENOSPC: "disk full",
@@ -106,3 +109,60 @@ class FaultCondition:
     def should_retry(self) -> bool:
         """True when a degraded store should try its normal (writing) path again."""
         return time.monotonic() >= self._retry_at
+
+
+class LogThrottle:
+    """When to report a condition that repeats: its first occurrence, then at most once per
+    `interval_s`, with the number of occurrences since the last report. Thread-safe.
+
+    Keys may come from outside (a topic with a client's target in it): at most `max_keys` are
+    remembered, the longest unreported forgotten first.
+    """
+
+    def __init__(
+        self,
+        interval_s: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+        max_keys: int = 1024,
+    ) -> None:
+        self._interval_s = interval_s
+        self._clock = clock
+        self._max_keys = max_keys
+        self._lock = threading.Lock()
+        self._reported: dict[Hashable, float] = {}
+        self._since: dict[Hashable, int] = {}
+
+    @property
+    def interval_s(self) -> float:
+        return self._interval_s
+
+    def due(self, key: Hashable) -> int | None:
+        """Count one occurrence of `key`: how many there were since the last report (this one
+        included) when it is to be reported now, else None."""
+        now = self._clock()
+        with self._lock:
+            since = self._since.get(key, 0) + 1
+            last = self._reported.get(key)
+            if last is not None and now - last < self._interval_s:
+                self._since[key] = since
+                return None
+            self._reported.pop(key, None)  # to the end: the dict is in order of reports
+            self._reported[key] = now
+            self._since[key] = 0
+            while len(self._reported) > self._max_keys:
+                oldest = next(iter(self._reported))
+                del self._reported[oldest]
+                self._since.pop(oldest, None)
+            return since
+
+    def forget(self, key: Hashable) -> None:
+        """The condition ended: its next occurrence is reported at once."""
+        with self._lock:
+            self._reported.pop(key, None)
+            self._since.pop(key, None)
+
+    def clear(self) -> None:
+        """Every condition ended."""
+        with self._lock:
+            self._reported.clear()
+            self._since.clear()

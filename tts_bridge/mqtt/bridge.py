@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from tts_bridge.config import Settings
+from tts_bridge.faults import LogThrottle
 from tts_bridge.mqtt.client import IncomingMessage, OutgoingMessage
 from tts_bridge.mqtt.frontend import MqttFrontEnd
 from tts_bridge.mqtt.journal import DEFAULT_MAX_ATTEMPTS, Journal
@@ -31,10 +32,44 @@ from tts_bridge.speech.pipeline import Pipeline
 from tts_bridge.wire import encode_json
 
 _LOGGER = logging.getLogger(__name__)
+
 _JOURNAL_RETRY_S = 60.0
 
 ONLINE = encode_json({"state": "online"})
 OFFLINE = encode_json({"state": "offline"})
+
+
+class MaintenanceFaults:
+    """How the maintenance thread reports a pass that failed. A fault that lasts (no file
+    descriptors, an unreadable /proc) fails every pass, once a second: its traceback once,
+    then one line a minute while it lasts, and one line when a pass works again."""
+
+    def __init__(self, throttle: LogThrottle | None = None) -> None:
+        self._throttle = throttle or LogThrottle(60.0)
+        self._failing: str | None = None
+        self._failed_passes = 0
+
+    def failed(self, exc: Exception) -> None:
+        fault = f"{type(exc).__name__}: {exc}"
+        self._failed_passes += 1
+        new = fault != self._failing
+        self._failing = fault
+        since = self._throttle.due(fault)
+        if since is None:
+            return
+        if new:
+            _LOGGER.error("Maintenance failed", exc_info=exc)
+        else:
+            _LOGGER.error(
+                "Maintenance still failing (%d passes since the last report): %s", since, fault
+            )
+
+    def passed(self) -> None:
+        if self._failing is None:
+            return
+        _LOGGER.info("Maintenance works again after %d failed passes", self._failed_passes)
+        self._throttle.clear()  # a fault after this is news again
+        self._failing, self._failed_passes = None, 0
 
 
 class Bridge:
@@ -173,11 +208,7 @@ class Bridge:
         idle_unload = self._settings.models.idle_unload_s
         engines = self._pipeline.synthesizer.engines
         next_prune = time.monotonic() + self._settings.scheduler.health_interval_s
-        # A fault that lasts (no file descriptors, an unreadable /proc) fails every pass: its
-        # traceback once, then one line a minute while it lasts, not a line a second.
-        failing: str | None = None
-        failed_passes = 0
-        logged_at = 0.0
+        faults = MaintenanceFaults()
         while not self._stopped.wait(1.0):
             now = time.monotonic()
             try:
@@ -190,15 +221,6 @@ class Bridge:
                     next_prune = now + 3600
                     self.journal.prune()
             except Exception as exc:
-                fault = f"{type(exc).__name__}: {exc}"
-                failed_passes += 1
-                if fault != failing:
-                    _LOGGER.exception("Maintenance failed")
-                    failing, failed_passes, logged_at = fault, 1, now
-                elif now - logged_at >= 60.0:
-                    _LOGGER.error("Maintenance still failing (%d passes): %s", failed_passes, fault)
-                    logged_at = now
+                faults.failed(exc)
             else:
-                if failing is not None:
-                    _LOGGER.info("Maintenance works again after %d failed passes", failed_passes)
-                    failing, failed_passes = None, 0
+                faults.passed()

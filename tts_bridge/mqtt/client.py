@@ -37,6 +37,7 @@ from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
 from tts_bridge.config import MqttSettings
+from tts_bridge.faults import LogThrottle
 
 _LOGGER = logging.getLogger(__name__)
 _SESSION_TAKEN_OVER = 142
@@ -216,7 +217,7 @@ class MqttConnection:
         self._early: dict[int, tuple[int, str]] = {}
         self.refusals: Counter[str] = Counter()
         """Refused publishes by reason name, for health."""
-        self._refusal_logged: dict[tuple[str, str], float] = {}
+        self._refusal_log = LogThrottle(_REFUSAL_LOG_INTERVAL_S)
         # Session takeover diagnosis.
         self._connected_at: float | None = None
         self._short_connections = 0
@@ -333,11 +334,7 @@ class MqttConnection:
         result = PublishResult(topic, mid, code, reason)
         if not result.ok:
             self.refusals[reason] += 1
-            key, now = (topic, reason), time.monotonic()
-            if now - self._refusal_logged.get(key, -_REFUSAL_LOG_INTERVAL_S) >= (
-                _REFUSAL_LOG_INTERVAL_S
-            ):
-                self._refusal_logged[key] = now
+            if self._refusal_log.due((topic, reason)) is not None:
                 _LOGGER.error(
                     "The broker refused a publish to %s: %s (reason code %d); check the "
                     "broker's ACL for the bridge's user",
