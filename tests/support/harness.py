@@ -9,9 +9,11 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -567,6 +569,17 @@ def _bridge_environment() -> dict[str, str]:
     env["PYTHONUNBUFFERED"] = "1"
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
     return env
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Private XDG data and cache folders for the whole session (each xdist worker its own),
+    before any fixture runs: module- and session-scoped fixtures build settings before the
+    per-test folders below exist, and a developer's voices file, lexicon or journal must not
+    reach them."""
+    home = Path(tempfile.mkdtemp(prefix="tts-bridge-tests-xdg-"))
+    config.add_cleanup(lambda: shutil.rmtree(home, ignore_errors=True))
+    os.environ["XDG_DATA_HOME"] = str(home / "data")
+    os.environ["XDG_CACHE_HOME"] = str(home / "cache")
 
 
 @pytest.fixture(autouse=True)
