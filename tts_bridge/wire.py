@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 
@@ -52,4 +53,38 @@ def json_depth(raw: bytes | str, limit: int) -> int:
                     return deepest
         elif char in "]}":
             depth -= 1
+    return deepest
+
+
+class JsonTooDeepError(ValueError):
+    """JSON nested deeper than a door accepts."""
+
+
+def load_json(
+    raw: bytes | str, max_depth: int, parse_constant: Callable[[str], Any] | None = None
+) -> Any:
+    """json.loads for what a client sends: nesting past ``max_depth`` raises JsonTooDeepError
+    before parsing (never a RecursionError from the parser); text that is not JSON raises
+    ValueError (UnicodeDecodeError for bytes that are not UTF-8)."""
+    text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
+    # The scan bounds what the parser may recurse into; the parsed value's own depth (a
+    # value inside a container counts one level deeper than it) is the limit's measure.
+    if json_depth(text, max_depth) > max_depth:
+        raise JsonTooDeepError(f"JSON nesting exceeds {max_depth} levels")
+    value = json.loads(text, parse_constant=parse_constant)
+    if _parsed_depth(value) > max_depth:
+        raise JsonTooDeepError(f"JSON nesting exceeds {max_depth} levels")
+    return value
+
+
+def _parsed_depth(value: Any) -> int:
+    """Nesting depth of parsed JSON, iteratively (a hostile payload must not recurse deeply)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        node, level = stack.pop()
+        deepest = max(deepest, level)
+        if isinstance(node, dict):
+            stack.extend((v, level + 1) for v in node.values())
+        elif isinstance(node, list):
+            stack.extend((v, level + 1) for v in node)
     return deepest

@@ -349,6 +349,9 @@ def test_speak_takes_json_form_multipart_and_plain_text(served: app.Service) -> 
         (b"\xff\xfe", "text/plain", "invalid_utf8"),
         (b'{"text": "' + b"a" * 20_000 + b'"}', "application/json", "payload_too_large"),
         (b'{"text": "hi", "priority": "urgent"}', "application/json", "invalid_priority"),
+        # Deeper than the JSON parser's recursion limit: refused, not an internal error.
+        (b"[" * 5000 + b"]" * 5000, "application/json", "json_too_deep"),
+        (b'{"text": "hi", "a": ' + b"[" * 9 + b"]" * 9 + b"}", "application/json", "json_too_deep"),
     ],
 )
 def test_speak_refusals(served: app.Service, body: bytes, content_type: str, code: str) -> None:

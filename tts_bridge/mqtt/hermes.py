@@ -50,7 +50,9 @@ class HermesFrontEnd(MqttFrontEnd):
     def _accept(self, message: IncomingMessage) -> None:
         try:
             say = hermes_protocol.parse_hermes_say(
-                message.payload, max_payload_bytes=self._settings.limits.max_payload_bytes
+                message.payload,
+                max_payload_bytes=self._settings.limits.max_payload_bytes,
+                max_json_depth=self._settings.limits.max_json_depth,
             )
         except hermes_protocol.HermesError as exc:
             self._error(exc, str(exc))

@@ -9,7 +9,6 @@ and waits for ``hermes/tts/sayFinished`` before its dialogue goes on. Errors go 
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import re
@@ -19,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from tts_bridge.wire import encode_json
+from tts_bridge.wire import JsonTooDeepError, encode_json, load_json
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -34,6 +33,8 @@ DEFAULT_MARGIN_S = 2.0
 _MAX_LEVEL_CHARS = 128
 _LANG_RE = re.compile(r"^[A-Za-z]{2,3}([-_][A-Za-z0-9]{2,8})*$")
 _PLAY_FINISHED_RE = re.compile(r"^hermes/audioServer/([^/]+)/playFinished$")
+
+_PLAY_FINISHED_MAX_DEPTH = 4
 
 
 class HermesError(ValueError):
@@ -116,7 +117,9 @@ def _str_field(value: object, key: str) -> str:
     return value
 
 
-def parse_hermes_say(payload: bytes, *, max_payload_bytes: int | None = None) -> HermesSay:
+def parse_hermes_say(
+    payload: bytes, *, max_payload_bytes: int | None = None, max_json_depth: int = 8
+) -> HermesSay:
     """Parse and validate a ``hermes/tts/say`` payload; raise HermesError with the reason.
 
     Unknown keys are ignored: dialogue managers add their own, and refusing them would break
@@ -125,11 +128,11 @@ def parse_hermes_say(payload: bytes, *, max_payload_bytes: int | None = None) ->
     if max_payload_bytes is not None and len(payload) > max_payload_bytes:
         raise HermesError(f"payload has {len(payload)} bytes; the limit is {max_payload_bytes}")
     try:
-        # Decoded here, not by json.loads: that would also accept UTF-16 and UTF-32.
-        data = json.loads(payload.decode("utf-8"))
+        # Decoded as UTF-8 only (json.loads would also accept UTF-16 and UTF-32).
+        data = load_json(payload, max_json_depth)
     except UnicodeDecodeError as exc:
         raise HermesError(f"payload is not valid UTF-8 (byte {exc.start})") from None
-    except RecursionError:
+    except JsonTooDeepError:
         raise HermesError("payload JSON is nested too deeply") from None
     except ValueError as exc:
         raise HermesError(f"payload is not JSON: {exc}") from None
@@ -314,8 +317,9 @@ class FinishTracker:
     def on_play_finished(self, site_id: str, payload: bytes) -> bool:
         """Handle a satellite's playFinished; True if it finished a tracked request."""
         try:
-            data = json.loads(payload) if payload.strip() else {}
-        except ValueError:  # includes UnicodeDecodeError
+            # An id and a session id: anything nested deeper is not a playFinished.
+            data = load_json(payload, _PLAY_FINISHED_MAX_DEPTH) if payload.strip() else {}
+        except ValueError:  # includes UnicodeDecodeError and JsonTooDeepError
             _LOGGER.debug("Ignoring a playFinished from %s that is not JSON", site_id)
             return False
         request_id = data.get("id") if isinstance(data, dict) else None

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import difflib
-import json
 import math
 import re
 import unicodedata
@@ -27,7 +26,7 @@ from tts_bridge.engines.base import SynthesisOptions, check_option_ranges
 from tts_bridge.formats import AudioFormat, FormatError
 from tts_bridge.speech.scheduler import PRIORITIES, Priority
 from tts_bridge.text.sentences import clean
-from tts_bridge.wire import encode_json, new_id
+from tts_bridge.wire import JsonTooDeepError, encode_json, load_json, new_id
 
 DEFAULT_TARGET = "default"
 _TARGET_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -159,19 +158,6 @@ def mqtt_safe(value: str) -> bool:
     return not any(unicodedata.category(c)[0] == "C" for c in value)
 
 
-def _depth(value: Any) -> int:
-    """Nesting depth of parsed JSON, iteratively (a hostile payload must not recurse deeply)."""
-    deepest, stack = 0, [(value, 1)]
-    while stack:
-        node, level = stack.pop()
-        deepest = max(deepest, level)
-        if isinstance(node, dict):
-            stack.extend((v, level + 1) for v in node.values())
-        elif isinstance(node, list):
-            stack.extend((v, level + 1) for v in node)
-    return deepest
-
-
 def _first_error(error: ValidationError) -> str:
     item = error.errors()[0]
     # Only the field name: union members ('id.str') mean nothing to a user.
@@ -222,9 +208,10 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON number")
 
 
-def _loads(text: str) -> Any:
-    """json.loads without Python's NaN/Infinity extension (not JSON, and poison as options)."""
-    return json.loads(text, parse_constant=_reject_constant)
+def _loads(text: str, limits: LimitsSettings) -> Any:
+    """A JSON payload, without Python's NaN/Infinity extension (not JSON, and poison as
+    options); JsonTooDeepError past limits.max_json_depth."""
+    return load_json(text, limits.max_json_depth, parse_constant=_reject_constant)
 
 
 def _check_options(options: dict[str, bool | int | float], request_id: Any) -> float:
@@ -388,15 +375,13 @@ def parse_say(target: str, payload: bytes, limits: LimitsSettings) -> SayRequest
         check_audio_seconds(clean(text), 1.0, limits, None)
         return SayRequest(new_id(), text, target, None, None, True)
     try:
-        data = _loads(stripped)
-    except RecursionError:
-        raise ProtocolError("json_too_deep", "JSON nesting is too deep") from None
+        data = _loads(stripped, limits)
+    except JsonTooDeepError as exc:
+        raise ProtocolError("json_too_deep", str(exc)) from None
     except ValueError as exc:
         raise ProtocolError(
             "invalid_json", f"payload looks like JSON but does not parse: {exc}"
         ) from None
-    if _depth(data) > limits.max_json_depth:
-        raise ProtocolError("json_too_deep", f"JSON nesting exceeds {limits.max_json_depth} levels")
     if not isinstance(data, dict):
         raise ProtocolError(
             "invalid_request", "a JSON payload must be an object with a 'text' field"
@@ -453,13 +438,11 @@ def parse_api_request(payload: bytes, limits: LimitsSettings) -> dict[str, Any]:
     if not text.startswith(("{", "[")):
         return {"value": text}
     try:
-        data = _loads(text)
-    except RecursionError:
-        raise ProtocolError("json_too_deep", "JSON nesting is too deep") from None
+        data = _loads(text, limits)
+    except JsonTooDeepError as exc:
+        raise ProtocolError("json_too_deep", str(exc)) from None
     except ValueError as exc:
         raise ProtocolError("invalid_json", f"payload does not parse as JSON: {exc}") from None
-    if _depth(data) > limits.max_json_depth:
-        raise ProtocolError("json_too_deep", f"JSON nesting exceeds {limits.max_json_depth} levels")
     if not isinstance(data, dict):
         raise ProtocolError("invalid_request", "the payload must be a JSON object")
     return data

@@ -18,7 +18,6 @@ bridge's codes.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import math
 import time
@@ -41,7 +40,7 @@ from tts_bridge.speech.synthesis import AudioPart, Rendering
 from tts_bridge.textlog import short
 from tts_bridge.web.api_keys import ApiKeys
 from tts_bridge.web.server import AudioServer
-from tts_bridge.wire import new_id
+from tts_bridge.wire import JsonTooDeepError, load_json, new_id
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -389,9 +388,11 @@ class SpeechApi:
     async def _json(self, request: web.Request) -> dict[str, Any]:
         body = await self._body(request)
         try:
-            fields = json.loads(body.decode("utf-8"))
+            fields = load_json(body, self._settings.limits.max_json_depth)
         except UnicodeDecodeError:
             raise ApiRequestError("invalid_utf8", "the request is not UTF-8") from None
+        except JsonTooDeepError as exc:
+            raise ApiRequestError("json_too_deep", str(exc)) from None
         except ValueError:
             raise ApiRequestError("invalid_json", "the request is not valid JSON") from None
         if not isinstance(fields, dict):

@@ -10,7 +10,6 @@ the sentence boundaries of a streamed text.
 from __future__ import annotations
 
 import asyncio
-import json
 import socket
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -25,7 +24,7 @@ from zeroconf import ServiceInfo
 
 from tts_bridge.text.sentences import StreamCleaner, split_sentences
 from tts_bridge.text.ssml import is_ssml
-from tts_bridge.wire import encode_json, json_depth
+from tts_bridge.wire import JsonTooDeepError, encode_json, load_json
 
 SAMPLE_WIDTH = 2
 """Bytes per sample: the bridge's audio is 16-bit PCM."""
@@ -80,10 +79,12 @@ def _length(header: dict[str, Any], key: str, max_bytes: int) -> int:
 
 
 def _parse_json(raw: bytes, what: str, max_depth: int) -> Any:
-    if json_depth(raw, max_depth) > max_depth:
-        raise WyomingRequestError("malformed_event", f"{what} nests deeper than {max_depth} levels")
     try:
-        return json.loads(raw)
+        return load_json(raw, max_depth)
+    except JsonTooDeepError:
+        raise WyomingRequestError(
+            "malformed_event", f"{what} nests deeper than {max_depth} levels"
+        ) from None
     except ValueError:
         raise WyomingRequestError("malformed_event", f"{what} is not JSON") from None
 
