@@ -88,3 +88,9 @@ def _parsed_depth(value: Any) -> int:
         elif isinstance(node, list):
             stack.extend((v, level + 1) for v in node)
     return deepest
+
+
+def raw_size(text: str) -> int:
+    """UTF-8 bytes of a request's text as sent (a lone surrogate counts as three): what
+    limits.max_raw_text_bytes counts on every door."""
+    return len(text.encode("utf-8", "surrogatepass"))

@@ -24,9 +24,9 @@ from pydantic import (
 from tts_bridge.config import LimitsSettings
 from tts_bridge.engines.base import SynthesisOptions, check_option_ranges
 from tts_bridge.formats import AudioFormat, FormatError
-from tts_bridge.speech.scheduler import PRIORITIES, Priority
+from tts_bridge.speech.scheduler import PRIORITIES, Priority, as_priority
 from tts_bridge.text.sentences import clean
-from tts_bridge.wire import JsonTooDeepError, encode_json, load_json, new_id
+from tts_bridge.wire import JsonTooDeepError, encode_json, load_json, new_id, raw_size
 
 DEFAULT_TARGET = "default"
 _TARGET_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -324,9 +324,9 @@ def _parse_format(value: object, request_id: str | int | None) -> AudioFormat | 
 def _parse_priority(value: object, request_id: str | int | None) -> Priority:
     if value is None:
         return "normal"
-    for priority in PRIORITIES:
-        if value == priority:
-            return priority
+    priority = as_priority(value)
+    if priority is not None:
+        return priority
     raise ProtocolError(
         "invalid_priority",
         f"field 'priority' must be one of {', '.join(PRIORITIES)}",
@@ -340,7 +340,7 @@ def check_raw_text(text: str, limits: LimitsSettings, request_id: str | int | No
     # A character is at most 4 bytes: most texts are decided without encoding them.
     if len(text) * 4 <= limits.max_raw_text_bytes:
         return
-    size = len(text.encode("utf-8", "surrogatepass"))
+    size = raw_size(text)
     if size > limits.max_raw_text_bytes:
         raise ProtocolError(
             "text_too_long",

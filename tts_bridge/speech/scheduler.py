@@ -48,6 +48,14 @@ _LOGGER = logging.getLogger(__name__)
 Priority = Literal["alert", "high", "normal", "low"]
 PRIORITIES: tuple[Priority, ...] = get_args(Priority)
 """From the most urgent down."""
+
+
+def as_priority(value: object) -> Priority | None:
+    """`value` when it names a priority, else None (each door answers invalid_priority in its
+    own error shape)."""
+    return next((priority for priority in PRIORITIES if value == priority), None)
+
+
 Lane = Literal["quality", "fast"]
 LANES: tuple[Lane, ...] = get_args(Lane)
 AGING_S = 10.0

@@ -68,9 +68,8 @@ def busy_response(limit: str) -> bytes:
         f"Retry-After: {RETRY_AFTER_S}\r\n"
         "Content-Type: text/plain; charset=utf-8\r\n"
         f"Content-Length: {len(body)}\r\n"
-        f"Server: {SERVER_NAME}\r\n"
-        "X-Content-Type-Options: nosniff\r\n"
-        "Connection: close\r\n\r\n"
+        + "".join(f"{name}: {value}\r\n" for name, value in _SECURITY_HEADERS.items())
+        + "Connection: close\r\n\r\n"
     )
     return head.encode() + body
 

@@ -35,7 +35,7 @@ from tts_bridge.engines.base import Tier
 from tts_bridge.formats import AudioFormat, Container
 from tts_bridge.speech.async_delivery import AsyncDelivery, Finished
 from tts_bridge.speech.pipeline import Pipeline, SpeechError, SpeechJob
-from tts_bridge.speech.scheduler import PRIORITIES, Priority
+from tts_bridge.speech.scheduler import PRIORITIES, Priority, as_priority
 from tts_bridge.speech.synthesis import AudioPart, Rendering
 from tts_bridge.textlog import short
 from tts_bridge.web.api_keys import ApiKeys
@@ -169,10 +169,9 @@ def _speed(value: object) -> float | None:
 
 
 def _priority(fields: Mapping[str, Any]) -> Priority:
-    value = fields.get("priority", "normal")
-    for priority in PRIORITIES:
-        if value == priority:
-            return priority
+    priority = as_priority(fields.get("priority", "normal"))
+    if priority is not None:
+        return priority
     raise ApiRequestError(
         "invalid_priority", f"'priority' must be one of {', '.join(PRIORITIES)}", "priority"
     )

@@ -24,7 +24,7 @@ from zeroconf import ServiceInfo
 
 from tts_bridge.text.sentences import StreamCleaner, split_sentences
 from tts_bridge.text.ssml import is_ssml
-from tts_bridge.wire import JsonTooDeepError, encode_json, load_json
+from tts_bridge.wire import JsonTooDeepError, encode_json, load_json, raw_size
 
 SAMPLE_WIDTH = 2
 """Bytes per sample: the bridge's audio is 16-bit PCM."""
@@ -245,11 +245,6 @@ def choose_voice(
     raise WyomingRequestError(
         "unsupported_language", f"no voice speaks {requested.language[:32]!r}"
     )
-
-
-def raw_size(text: str) -> int:
-    """UTF-8 bytes of a request's text as sent (a lone surrogate counts as three)."""
-    return len(text.encode("utf-8", "surrogatepass"))
 
 
 class SentenceStream:

@@ -59,7 +59,7 @@ from tts_bridge.speech.async_delivery import AsyncDelivery, Finished
 from tts_bridge.speech.pipeline import Pipeline, SpeechError
 from tts_bridge.speech.synthesis import Announcement, AudioPart
 from tts_bridge.textlog import short
-from tts_bridge.wire import new_id
+from tts_bridge.wire import new_id, raw_size
 from tts_bridge.wyoming.events import (
     RequestedVoice,
     SentenceStream,
@@ -73,7 +73,6 @@ from tts_bridge.wyoming.events import (
     encode_event,
     error_event,
     event_text,
-    raw_size,
     read_event,
     requested_voice,
     service_info,
