@@ -31,9 +31,9 @@ from tests.support.harness import (
     bridge_api,
 )
 from tests.support.web import fetch
-from tts_bridge.config import ChimesSettings
 from tts_bridge.speech.chimes import ChimeLibrary
 from tts_bridge.speech.loudness import LoudnessNormalizer
+from tts_bridge.speech.settings import ChimesSettings
 
 pytestmark = pytest.mark.slow
 

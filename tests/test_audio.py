@@ -9,8 +9,8 @@ import numpy.typing as npt
 import pytest
 import soundfile
 
-from tts_bridge.audio import EncodeError, encode, supported_containers
-from tts_bridge.formats import AudioFormat
+from tts_bridge.audio.codec import EncodeError, encode, supported_containers
+from tts_bridge.audio.formats import AudioFormat
 
 SOURCE_RATE = 22050  # Piper joe's rate: not one Opus codes at
 

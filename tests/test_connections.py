@@ -10,7 +10,7 @@ import resource
 import pytest
 
 from tts_bridge.config import load_settings
-from tts_bridge.connections import (
+from tts_bridge.system.connections import (
     LISTEN_BACKLOG,
     RESERVED_FILES,
     ConnectionGate,
@@ -76,14 +76,14 @@ def test_loop_faults_log_one_line_per_condition_per_interval(
         "message": "socket.accept() out of system resource",
         "exception": OSError(errno.EMFILE, "Too many open files"),
     }
-    with caplog.at_level(logging.ERROR, logger="tts_bridge.connections"):
+    with caplog.at_level(logging.ERROR, logger="tts_bridge.system.connections"):
         for _ in range(1000):
             faults(None, emfile)  # type: ignore[arg-type]
             clock.now += 0.01
         faults(None, {"message": "odd", "exception": ValueError("x")})  # type: ignore[arg-type]
         clock.now += 60
         faults(None, emfile)  # type: ignore[arg-type]
-    lines = [r for r in caplog.records if r.name == "tts_bridge.connections"]
+    lines = [r for r in caplog.records if r.name == "tts_bridge.system.connections"]
     assert len(lines) == 3
     assert lines[0].exc_info is None and "EMFILE" in lines[0].getMessage()
     assert lines[1].exc_info is not None  # anything else keeps its traceback

@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -42,7 +43,13 @@ def test_the_site_builds_strictly(tmp_path: Path) -> None:
     config_page = (site / "reference" / "configuration" / "index.html").read_text("utf-8")
     assert "idle_unload_s" in config_page and "--8&lt;--" not in config_page
     assert "mosquitto_rr" in (site / "usage" / "try-it" / "index.html").read_text("utf-8")
-    assert "Unreleased" in (site / "changelog" / "index.html").read_text("utf-8")
+    version = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text("utf-8"))["project"]
+    assert f"[{version['version']}]" in (site / "changelog" / "index.html").read_text("utf-8")
+    # The repository's address comes from pyproject.toml (docs/hooks/repository.py).
+    source = version["urls"]["Source"]
+    assert f'href="{source}"' in (site / "index.html").read_text("utf-8")
+    addon_page = (site / "install" / "addon" / "index.html").read_text("utf-8")
+    assert f"{source}#addon-repo" in addon_page and "{repository}" not in addon_page
     pages = {p.relative_to(REPO_ROOT / "docs") for p in (REPO_ROOT / "docs").rglob("*.md")}
     for page in pages:
         built = site / page.with_suffix("") / "index.html"
@@ -116,3 +123,14 @@ def test_every_error_code_is_documented() -> None:
     documented = set(re.findall(r"`([a-z_0-9]+)`", ERRORS_PAGE.read_text(encoding="utf-8")))
     missing = {code: where for code, where in codes.items() if code not in documented}
     assert not missing, f"error codes missing from {ERRORS_PAGE.name}: {missing}"
+
+
+def test_shell_examples_are_pasteable() -> None:
+    """A line in a shell example runs as pasted: optional parts are separate lines, not
+    `[--voice heart]` (which the shell passes on as a literal argument)."""
+    pages = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").rglob("*.md"))]
+    for page in pages:
+        blocks = re.findall(r"```(?:sh|bash)\n(.*?)```", page.read_text("utf-8"), re.S)
+        for line in (line for block in blocks for line in block.splitlines()):
+            code = line.split(" #")[0]
+            assert not re.search(r"\[--?[A-Za-z]", code), f"{page.name}: {line}"

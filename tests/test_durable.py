@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.fullfs import small_tmpfs
-from tts_bridge.durable import fsync_dir, is_partial, write_atomic
+from tts_bridge.system.durable import fsync_dir, is_partial, write_atomic
 
 
 def _leftovers(folder: Path) -> list[str]:
@@ -74,7 +74,7 @@ def test_a_full_disk_keeps_the_old_file_and_leaves_no_temporary_file(tmp_path: P
 def test_a_folder_that_cannot_be_synced_is_logged_not_raised(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.DEBUG, logger="tts_bridge.durable")
+    caplog.set_level(logging.DEBUG, logger="tts_bridge.system.durable")
     fsync_dir(tmp_path / "gone")
     assert "gone" in caplog.text
 

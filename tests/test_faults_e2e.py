@@ -108,7 +108,7 @@ def test_a_poison_request_is_retired_and_the_next_one_served(
     path = tmp_path / "journal.sqlite3"
     payload = json.dumps({"text": "I stop the bridge every time.", "id": "poison"}).encode()
     with Journal(path) as journal:
-        journal.accept(
+        accepted = journal.accept(
             request_key(f"{BASE}/say/attic", payload, request_id="poison"),
             f"{BASE}/say/attic",
             payload,
@@ -117,9 +117,9 @@ def test_a_poison_request_is_retired_and_the_next_one_served(
             received_at=time.time(),
             dedupe=True,
         )
-        # Three starts that resumed it and died serving it (the out-of-memory killer, say).
+        # Three starts that began its synthesis and died in it (the out-of-memory killer, say).
         for _ in range(DEFAULT_MAX_ATTEMPTS):
-            assert [e.attempts for e in journal.resume(DEFAULT_MAX_ATTEMPTS).entries]
+            journal.started(accepted.entry_id)
     probe = probe_factory(f"{BASE}/#")
     bridge = bridge_factory()
     probe.diagnostics = bridge.log_tail

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from tts_bridge import app, folders
+from tts_bridge import app
 from tts_bridge.config import Settings, load_settings
-from tts_bridge.degraded import Degraded
+from tts_bridge.system import folders
+from tts_bridge.system.degraded import Degraded
 
 
 def blocked(tmp_path: Path, name: str) -> Path:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import BaseModel, ValidationError
 
-from tts_bridge.formats import AudioFormat, AudioFormatField, FormatError
+from tts_bridge.audio.formats import AudioFormat, AudioFormatField, FormatError
 
 
 def test_a_name_is_the_format_with_its_defaults() -> None:

@@ -2,24 +2,23 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import platform
+import subprocess
 import sys
-import types
 from dataclasses import FrozenInstanceError, dataclass, replace
 from pathlib import Path
 
 import pytest
 
 from tts_bridge.config import load_settings
-from tts_bridge.hardware import (
-    Hardware,
+from tts_bridge.system.hardware import Hardware, detect_hardware
+from tts_bridge.system.threads import (
     OnnxSessionPlan,
     ThreadPlan,
-    apply_process_limits,
     choose_spinning,
-    detect_hardware,
     plan_for_settings,
     plan_threads,
 )
@@ -325,7 +324,7 @@ def test_overrides(
 def test_oversubscribing_overrides_are_kept_with_a_warning(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    with caplog.at_level(logging.WARNING, logger="tts_bridge.hardware"):
+    with caplog.at_level(logging.WARNING, logger="tts_bridge.system.threads"):
         plan = plan_threads(PI4, {"synthesis_concurrency": 2, "onnx_intra_op_threads": 4})
 
     assert (plan.synthesis_concurrency, plan.onnx_intra_op_threads, plan.torch_threads) == (2, 4, 4)
@@ -557,43 +556,7 @@ def test_real_machine() -> None:
     assert plan.synthesis_concurrency * plan.onnx_intra_op_threads <= hw.usable_cpus
 
 
-# --- environment --------------------------------------------------------------------------
-
-
-def test_apply_process_limits_keeps_variables_already_set() -> None:
-    plan = plan_threads(PI4)
-    environ = {"OMP_NUM_THREADS": "3", "PATH": "/usr/bin"}
-
-    applied = apply_process_limits(plan, environ)
-
-    assert applied == {"MKL_NUM_THREADS": "2", "OPENBLAS_NUM_THREADS": "2"}
-    assert environ == {
-        "OMP_NUM_THREADS": "3",
-        "MKL_NUM_THREADS": "2",
-        "OPENBLAS_NUM_THREADS": "2",
-        "PATH": "/usr/bin",
-    }
-    assert apply_process_limits(plan, environ) == {}
-
-
-def test_apply_process_limits_sets_os_environ_and_warns_when_too_late(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
-    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
-        monkeypatch.delenv(name, raising=False)
-    # Stands in for torch having been imported before the plan was applied.
-    monkeypatch.setitem(sys.modules, "torch", types.ModuleType("torch"))
-    plan = replace(plan_threads(DESKTOP), torch_threads=3)
-
-    with caplog.at_level(logging.WARNING, logger="tts_bridge.hardware"):
-        applied = apply_process_limits(plan)
-
-    assert applied == dict.fromkeys(
-        ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"), "3"
-    )
-    assert os.environ["OMP_NUM_THREADS"] == "3"
-    assert "torch" in caplog.text
-    assert "already imported" in caplog.text
+# --- the plan ------------------------------------------------------------------------------
 
 
 def test_thread_plan_is_frozen() -> None:
@@ -692,3 +655,40 @@ def test_plan_for_settings_passes_the_onnx_settings() -> None:
     assert plan_for_settings(crowded, _machine(4, 4)).onnx_spinning is False
     forced = load_settings(None, {"synthesis": {"onnx_spinning": "off"}}, environ={})
     assert plan_for_settings(forced, _machine(4, 4)).onnx_spinning is False
+
+
+def test_the_synthesizer_runs_numpy_s_blas_on_one_thread(tmp_path: Path) -> None:
+    # In a child: the limit is process-wide, and the pool's size is what is read.
+    script = f"""
+import json
+from pathlib import Path
+from threadpoolctl import threadpool_info
+from tests.support.fake import settings_for
+from tts_bridge.app import build_synthesizer
+
+def numpy_blas():
+    return [i["num_threads"] for i in threadpool_info() if "numpy" in i["filepath"]]
+
+before = numpy_blas()
+synth = build_synthesizer(settings_for(Path({str(tmp_path)!r})))
+synth.cache.close()
+print(json.dumps([before, numpy_blas()]))
+"""
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": "2"}  # a pool to limit on any machine
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=Path(__file__).parent.parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
+    before, after = json.loads(done.stdout.strip().splitlines()[-1])
+    assert before == [2] and after == [1], done.stderr
+    # Called before anything imported numpy: its BLAS is loaded to be found.
+    early = "from tts_bridge.system.threads import numpy_blas_on_one_thread as f; print(f())"
+    done = subprocess.run(
+        [sys.executable, "-c", early], env=env, capture_output=True, text=True, check=True
+    )
+    assert done.stdout.strip() == "1", done.stderr

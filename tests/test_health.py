@@ -18,10 +18,10 @@ from tests.support.harness import REPO_ROOT, MqttProbe
 from tests.support.web import raw_request
 from tts_bridge.bench.localbroker import LocalBroker, free_port
 from tts_bridge.cli.doctor import container_health
-from tts_bridge.config import HttpSettings
-from tts_bridge.degraded import Degraded
+from tts_bridge.system.degraded import Degraded
 from tts_bridge.web.audio_store import AudioStore
 from tts_bridge.web.server import AudioServer
+from tts_bridge.web.settings import HttpSettings
 
 
 def test_degraded_report_merges_start_up_parts_and_live_conditions() -> None:

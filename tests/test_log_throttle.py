@@ -9,8 +9,8 @@ import logging
 
 import pytest
 
-from tts_bridge.faults import LogThrottle
 from tts_bridge.mqtt.bridge import MaintenanceFaults
+from tts_bridge.system.faults import LogThrottle
 
 
 class Clock:

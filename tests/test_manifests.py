@@ -23,7 +23,7 @@ import pytest
 
 from tts_bridge.cli.models import cmd_models_add, cmd_models_list, cmd_models_verify
 from tts_bridge.config import Settings, load_settings
-from tts_bridge.manifests import (
+from tts_bridge.engines.manifests import (
     USER_MANIFEST,
     FileHasher,
     ManifestError,
@@ -297,7 +297,7 @@ def test_hashing_never_reads_a_whole_file_into_memory(tmp_path: Path, models_dir
     code = f"""
 import json, sys, tracemalloc
 from pathlib import Path
-from tts_bridge.manifests import add_model, sha256_file, verify_file
+from tts_bridge.engines.manifests import add_model, sha256_file, verify_file
 big, models_dir = Path(sys.argv[1]), Path(sys.argv[2])
 tracemalloc.start()
 digest = sha256_file(big)

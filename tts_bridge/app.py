@@ -9,18 +9,15 @@ and `stop()`, given the pipeline) is one line in `servers`.
 from __future__ import annotations
 
 import logging
+import os
 import time
-from collections.abc import Sequence
-from typing import Protocol
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 import psutil
 
-from tts_bridge import folders
 from tts_bridge.config import Settings
-from tts_bridge.connections import ConnectionCaps, fit_connection_caps, open_files
-from tts_bridge.degraded import Degraded
-from tts_bridge.faults import is_storage_fault
-from tts_bridge.hardware import ThreadPlan
+from tts_bridge.control.actions import Control
 from tts_bridge.mqtt import discovery
 from tts_bridge.mqtt.api import BridgeApi
 from tts_bridge.mqtt.bridge import OFFLINE, Bridge
@@ -31,21 +28,37 @@ from tts_bridge.mqtt.outbox import Connection, Outbox
 from tts_bridge.mqtt.protocol import Topics
 from tts_bridge.mqtt.reports import Reports
 from tts_bridge.mqtt.say import SayFrontEnd
-from tts_bridge.speech.idle import IdleWork
+from tts_bridge.players import connection as players_connection
+from tts_bridge.players.announce import Announcer
+from tts_bridge.players.restores import FILE_NAME as PLAYER_RESTORES_FILE
+from tts_bridge.players.service import Players
+from tts_bridge.speech.activity import ActivityLog
+from tts_bridge.speech.delivery import AudioDelivery
+from tts_bridge.speech.idle import IdleWork, read_phrases
 from tts_bridge.speech.metrics import Metrics, State
-from tts_bridge.speech.pipeline import Counters, Pipeline
+from tts_bridge.speech.phrase_list import FILE_NAME as PHRASES_FILE
+from tts_bridge.speech.phrase_list import PhraseList
+from tts_bridge.speech.pipeline import Pipeline
 from tts_bridge.speech.preferences import Preferences, restore_default_voice
 from tts_bridge.speech.routing import TierRouter
 from tts_bridge.speech.scheduler import Scheduler
 from tts_bridge.speech.synthesis import Synthesizer
 from tts_bridge.speech.voice_admin import VoiceAdmin, VoiceAdminError
+from tts_bridge.system import folders
+from tts_bridge.system.connections import ConnectionCaps, fit_connection_caps, open_files
+from tts_bridge.system.degraded import Degraded
+from tts_bridge.system.faults import is_storage_fault
+from tts_bridge.system.threads import ThreadPlan
 from tts_bridge.web import status_page
 from tts_bridge.web.api_keys import ApiKeys, ApiKeysError
-from tts_bridge.web.delivery import AudioDelivery
 from tts_bridge.web.metrics_route import MetricsRoute
 from tts_bridge.web.server import AudioServer
 from tts_bridge.web.speech_api import SpeechApi
+from tts_bridge.web.ui import WebUi
 from tts_bridge.wyoming.server import WyomingServer
+
+if TYPE_CHECKING:
+    from tts_bridge.engines.base import Engine
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -60,21 +73,41 @@ class Server(Protocol):
 
 def thread_plan(settings: Settings) -> ThreadPlan:
     """The hardware plan, with the settings' explicit values taking precedence."""
-    from tts_bridge.hardware import plan_for_settings
+    from tts_bridge.system.threads import plan_for_settings
 
     return plan_for_settings(settings)
 
 
-def build_synthesizer(settings: Settings, plan: ThreadPlan | None = None) -> Synthesizer:
-    """The engine pool and the sentence cache behind a synthesizer (no model is loaded yet)."""
+def build_synthesizer(
+    settings: Settings, plan: ThreadPlan | None = None, metrics: Metrics | None = None
+) -> Synthesizer:
+    """The engine pool and the sentence cache behind a synthesizer (no model is loaded yet);
+    `metrics` counts its cache lookups and synthesis times."""
     from tts_bridge.engines.registry import EnginePool
     from tts_bridge.speech.cache import SentenceCache
     from tts_bridge.speech.pronunciations import Pronunciations
+    from tts_bridge.system.threads import numpy_blas_on_one_thread
 
-    pool = EnginePool(settings, plan=plan if plan is not None else thread_plan(settings))
+    numpy_blas_on_one_thread()
+    pool = EnginePool(
+        settings,
+        plan=plan if plan is not None else thread_plan(settings),
+        on_load=_count_load(metrics) if metrics is not None else None,
+        on_unload=_count_unload(metrics) if metrics is not None else None,
+    )
     # The lexicon's edits live in the state folder, beside the journal.
     lexicon = Pronunciations.from_settings(settings, settings.journal.path.parent)
-    return Synthesizer(settings, pool, SentenceCache(settings.cache), pronunciations=lexicon)
+    return Synthesizer(
+        settings, pool, SentenceCache(settings.cache), pronunciations=lexicon, metrics=metrics
+    )
+
+
+def _count_load(metrics: Metrics) -> Callable[[Engine, float], None]:
+    return lambda engine, seconds: metrics.model_loaded(engine.identity, seconds)
+
+
+def _count_unload(metrics: Metrics) -> Callable[[Engine], None]:
+    return lambda engine: metrics.model_unloaded(engine.identity)
 
 
 def open_journal(settings: Settings) -> Journal | None:
@@ -115,10 +148,18 @@ def _storage_fault(exc: JournalError) -> bool:
 
 
 def build_pipeline(
-    settings: Settings, synthesizer: Synthesizer, workers: int = 1, idle_nice: int = 10
+    settings: Settings,
+    synthesizer: Synthesizer,
+    workers: int = 1,
+    idle_nice: int = 10,
+    *,
+    metrics: Metrics | None = None,
+    activity: ActivityLog | None = None,
 ) -> Pipeline:
     sched = settings.scheduler
-    idle = IdleWork(settings, synthesizer)
+    # Phrases added at run time live in the state folder, beside the journal.
+    phrases = PhraseList(read_phrases(settings), settings.journal.path.parent / PHRASES_FILE)
+    idle = IdleWork(settings, synthesizer, phrases)
     scheduler = Scheduler(
         workers,
         settings.limits.max_queue,
@@ -130,7 +171,9 @@ def build_pipeline(
         peer_share=settings.limits.peer_share,
     )
     router = TierRouter(sched.latency_budget_ms, sched.hysteresis)
-    return Pipeline(settings, synthesizer, scheduler, router, idle, Counters())
+    return Pipeline(
+        settings, synthesizer, scheduler, router, idle, metrics=metrics, activity=activity
+    )
 
 
 class Service:
@@ -150,6 +193,7 @@ class Service:
         servers: Sequence[Server] = (),
         voice_admin: VoiceAdmin | None = None,
         degraded: Degraded | None = None,
+        players: Players | None = None,
     ) -> None:
         self.settings = settings
         self.pipeline = pipeline
@@ -163,6 +207,8 @@ class Service:
         self.voice_admin = voice_admin
         self.degraded = degraded if degraded is not None else Degraded()
         """Parts off or reduced since start-up (folders, servers), for health."""
+        self.players = players
+        """The targets' Home Assistant media players (None in services built without)."""
         self._stopped = False
 
     @property
@@ -179,6 +225,8 @@ class Service:
         them), then the MQTT side. A server that cannot start (its port taken) is logged, and
         the rest keeps serving without it."""
         self.pipeline.start()
+        if self.players is not None:
+            self.players.start()  # before the bridge: resumed requests may play
         for server in self.servers:
             try:
                 server.start()
@@ -206,6 +254,8 @@ class Service:
         for server in reversed(self.servers):
             server.stop()
         self.bridge.stop(timeout_s)
+        if self.players is not None:
+            self.players.stop()  # the volumes still pending are put back
         self.pipeline.synthesizer.cache.close()
         if self.bridge.journal is not None:
             self.bridge.journal.close()
@@ -217,27 +267,29 @@ def _server_part(server: Server) -> str:
 
 
 def build_audio_server(
-    settings: Settings, caps: ConnectionCaps | None = None
+    settings: Settings,
+    caps: ConnectionCaps | None = None,
+    *,
+    health_report: Callable[[], dict[str, Any]] | None = None,
+    status_page: Callable[[], str] | None = None,
 ) -> AudioServer | None:
     """The HTTP audio server when http.enabled (built, not yet listening); None, logged, when
     its folder or key cannot be made (the MQTT side serves without URLs)."""
     if not settings.http.enabled:
         return None
     try:
-        return AudioServer.from_settings(settings, caps)
+        return AudioServer.from_settings(
+            settings, caps, health_report=health_report, status_page=status_page
+        )
     except OSError as exc:
         _LOGGER.error("The HTTP audio server is off: %s", exc)
         return None
 
 
-def build_metrics(pipeline: Pipeline, outbox: Outbox) -> Metrics:
-    """The service's metrics, counted by the pipeline, the synthesizer and the engine pool."""
-    metrics = Metrics()
+def watch_metrics(metrics: Metrics, pipeline: Pipeline, outbox: Outbox) -> None:
+    """The service's state in its metrics (the pipeline, the synthesizer and the engine pool
+    count into them from their construction)."""
     synth = pipeline.synthesizer
-    pipeline.metrics = metrics
-    synth.metrics = metrics
-    synth.engines.on_load = lambda engine, seconds: metrics.model_loaded(engine.identity, seconds)
-    synth.engines.on_unload = lambda engine: metrics.model_unloaded(engine.identity)
 
     def state() -> State:
         engines = synth.engines
@@ -256,7 +308,6 @@ def build_metrics(pipeline: Pipeline, outbox: Outbox) -> Metrics:
         )
 
     metrics.watch(state)
-    return metrics
 
 
 def status_url(audio_server: AudioServer | None) -> str | None:
@@ -273,15 +324,26 @@ def build(
     plan: ThreadPlan | None = None,
     synthesizer: Synthesizer | None = None,
     connection: Connection | None = None,
+    metrics: Metrics | None = None,
 ) -> Service:
-    """The whole service from `settings` (`synthesizer` and `connection` may be given, as
-    tests do; by default they are built here)."""
+    """The whole service from `settings` (`synthesizer`, `connection` and `metrics` may be
+    given, as tests do; by default they are built here: a given synthesizer counts into the
+    `metrics` it was built with)."""
     degraded = Degraded()
     # Before anything opens a folder: an unwritable one is one log line, not a traceback.
     settings = folders.prepare(settings, degraded)
     plan = plan if plan is not None else thread_plan(settings)
-    synth = synthesizer if synthesizer is not None else build_synthesizer(settings, plan)
-    pipeline = build_pipeline(settings, synth, plan.synthesis_concurrency, plan.idle_nice)
+    metrics = metrics if metrics is not None else Metrics()
+    synth = synthesizer if synthesizer is not None else build_synthesizer(settings, plan, metrics)
+    pipeline = build_pipeline(
+        settings,
+        synth,
+        plan.synthesis_concurrency,
+        plan.idle_nice,
+        metrics=metrics,
+        # Every door's last requests, in memory (bounded), for the web UI's Activity page.
+        activity=ActivityLog(),
+    )
     journal = open_journal(settings)
     # Before anything reports the default voice: the one chosen in Home Assistant last time.
     preferences = Preferences.beside(settings.journal.path)
@@ -292,13 +354,14 @@ def build(
     outbox = Outbox(settings, connection)
     # Raises the open-file limit, then fits the doors' connection caps under it.
     caps = fit_connection_caps(settings)
-    audio_server = build_audio_server(settings, caps)
-    if settings.http.enabled and audio_server is None:
-        degraded.set("http", "the HTTP audio server is off (see the log)")
     wyoming = WyomingServer(settings, pipeline, caps)
-    say = SayFrontEnd(settings, outbox, pipeline, journal, AudioDelivery(settings, audio_server))
-    hermes = HermesFrontEnd(settings, outbox, pipeline)
+    players = Players(
+        settings,
+        players_connection.connection(settings, os.environ),
+        settings.journal.path.parent / PLAYER_RESTORES_FILE,
+    )
     bridge: Bridge | None = None
+    audio_server: AudioServer | None = None
     reports = Reports(
         settings,
         outbox,
@@ -313,27 +376,37 @@ def build(
             "open_files": open_files(),
         },
     )
-    if audio_server is not None:
-        audio_server.health_report = reports.health
-        audio_server.status_page = lambda: status_page.render(
-            discovery.DEVICE_NAME,
-            reports.info(),
-            reports.health(),
-            status_page.wyoming_state(
-                settings.wyoming.enabled, wyoming.serving, settings.wyoming.port
-            ),
-        )
+    audio_server = build_audio_server(
+        settings,
+        caps,
+        health_report=reports.health,
+        # With the web UI on, its Status section shows this; with it off, the page at /.
+        status_page=(
+            (
+                lambda: status_page.render(
+                    discovery.DEVICE_NAME,
+                    reports.info(),
+                    reports.health(),
+                    _wyoming_line(settings, wyoming),
+                )
+            )
+            if settings.http.ui == "off"
+            else None
+        ),
+    )
+    if settings.http.enabled and audio_server is None:
+        degraded.set("http", "the HTTP audio server is off (see the log)")
+    delivery = AudioDelivery(settings, audio_server)
+    say = SayFrontEnd(settings, outbox, pipeline, journal, delivery, players=players)
+    hermes = HermesFrontEnd(settings, outbox, pipeline)
     if audio_server is not None and settings.http.api_enabled:
-        try:
-            keys = ApiKeys.from_settings(settings.http)
-        except ApiKeysError as exc:
-            _LOGGER.error("The HTTP speech API is off: %s", exc)
-        else:
-            audio_server.routes.append(SpeechApi(settings, pipeline, keys, store=audio_server))
-    metrics = build_metrics(pipeline, outbox)
+        speech_api = _speech_api(settings, pipeline, audio_server, Announcer(delivery, players))
+        if speech_api is not None:
+            audio_server.routes.append(speech_api)
+    watch_metrics(metrics, pipeline, outbox)
     if audio_server is not None and settings.http.metrics:
         audio_server.routes.append(MetricsRoute(metrics))
-    api = BridgeApi(settings, outbox, pipeline, reports, preferences)
+    control = Control(pipeline, preferences, reports.publish_info)
 
     def voices_changed() -> None:
         # Wyoming's describe and the HTTP voice list read the pool; these are retained.
@@ -341,7 +414,31 @@ def build(
         reports.publish_discovery()
 
     voice_admin = VoiceAdmin(settings, synth.engines, voices_changed)
-    api.requests.update(voice_admin.requests())
+    api = BridgeApi(
+        settings,
+        outbox,
+        pipeline,
+        reports,
+        preferences,
+        control=control,
+        more=voice_admin.requests(),
+    )
+    if audio_server is not None and settings.http.ui != "off":
+        audio_server.routes.append(
+            WebUi(
+                settings,
+                pipeline,
+                control,
+                audio_server,
+                ui_keys(settings),
+                voice_admin=voice_admin,
+                info=reports.info,
+                health=reports.health,
+                status=lambda: status_page.render_section(
+                    reports.info(), reports.health(), _wyoming_line(settings, wyoming)
+                ),
+            )
+        )
     # The MQTT front ends, in dispatch order (each owns distinct topics); a new one goes here.
     front_ends = [say, api, reports, hermes]
     bridge = Bridge(
@@ -370,7 +467,38 @@ def build(
         servers=servers,
         voice_admin=voice_admin,
         degraded=degraded,
+        players=players,
     )
+
+
+def _wyoming_line(settings: Settings, wyoming: WyomingServer) -> str:
+    return status_page.wyoming_state(
+        settings.wyoming.enabled, wyoming.serving, settings.wyoming.port
+    )
+
+
+def _speech_api(
+    settings: Settings, pipeline: Pipeline, audio_server: AudioServer, announcer: Announcer
+) -> SpeechApi | None:
+    """The speech API's routes, or None when its keys file cannot be read (logged)."""
+    try:
+        keys = ApiKeys.from_settings(settings.http)
+    except ApiKeysError as exc:
+        _LOGGER.error("The HTTP speech API is off: %s", exc)
+        return None
+    if not keys.required:  # said once: the web UI reads the same keys
+        _LOGGER.info("The HTTP speech API takes no key: anyone who reaches the port may use it")
+    return SpeechApi(settings, pipeline, keys, store=audio_server, announcer=announcer)
+
+
+def ui_keys(settings: Settings) -> ApiKeys:
+    """The web UI's keys: the speech API's. A keys file that cannot be read is logged, and the
+    UI then asks for a key none can give (safe: it never opens because of a broken file)."""
+    try:
+        return ApiKeys.from_settings(settings.http)
+    except ApiKeysError as exc:
+        _LOGGER.error("The web UI cannot be signed in to: %s", exc)
+        return ApiKeys(["\0unusable"])
 
 
 def _faults(

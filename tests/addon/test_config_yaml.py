@@ -50,7 +50,8 @@ def test_required_keys_slug_and_arch() -> None:
         assert config.get(key), f"config.yaml needs {key}"
     assert re.fullmatch(r"[-_.A-Za-z0-9]+", config["slug"]) and config["slug"] == "tts_bridge"
     assert set(config["arch"]) == {"amd64", "aarch64"} and set(config["arch"]) <= ARCHES
-    assert re.match(r"^https?://", config["url"])
+    # The address is written in by script/addon-repo (tests/test_release.py checks the result).
+    assert "url" not in config
     assert config.get("init", True) is True, "the Python entry needs the Supervisor's init"
 
 
@@ -72,6 +73,31 @@ def test_ports_services_discovery_and_map() -> None:
         assert kind in MAP_TYPES
     assert all(isinstance(p, str) for p in config["backup_exclude"])
     assert "*.onnx" in config["backup_exclude"]
+
+
+def test_cold_backups_and_a_minimum_home_assistant() -> None:
+    """The journal (SQLite) is copied only with the add-on stopped; the Supervisor refuses
+    backup_pre/backup_post beside a cold backup, and reads `homeassistant` as a version."""
+    config = load("config.yaml")
+    assert config["backup"] == "cold"
+    assert "backup_pre" not in config and "backup_post" not in config
+    assert re.fullmatch(r"20\d\d\.\d{1,2}\.\d+", config["homeassistant"])
+    assert isinstance(config["homeassistant"], str), "quoted, or YAML reads a float"
+    # The journal lives in /data, which the backup holds; only the cache and models are left out.
+    from tts_bridge.addon.options import addon_tree
+
+    tree = addon_tree(Path("/data"), Path("/share/tts_bridge"))
+    journal = Path(tree["journal"]["path"])
+    assert journal.is_relative_to("/data")
+    rel = str(journal.relative_to("/data"))
+    assert not any(Path(rel).match(p) for p in config["backup_exclude"]), rel
+
+
+def test_targets_and_phrases_may_be_empty() -> None:
+    """A list whose element is optional may be empty in the Supervisor's form and validator."""
+    schema = load("config.yaml")["schema"]
+    for key in ("targets", "phrases"):
+        assert str(schema[key][0]).endswith("?"), key
 
 
 def _check_schema(element: Any, where: str) -> None:
@@ -141,9 +167,9 @@ def test_build_yaml_uses_debian_bases_for_each_arch() -> None:
     dockerfile = (ADDON / "Dockerfile").read_text(encoding="utf-8")
     assert "ARG BUILD_FROM" in dockerfile and "FROM ${BUILD_FROM}" in dockerfile
     assert "--chmod" not in dockerfile and "# syntax=" not in dockerfile
-    # The wheel built from this checkout, with the tested pins; never the name from an index.
-    installs = re.findall(r"pip install [^;\n]*", dockerfile)
-    assert installs == ['pip install -c /tmp/wheels/constraints.txt "$wheel"']
+    # The released package from the index, with the tested pins (tests/addon/test_dockerfile.py).
+    assert "pip install -c /tmp/build/constraints.txt" in dockerfile
+    assert '"tts-bridge==${BUILD_VERSION}"' in dockerfile and "/tmp/wheels" not in dockerfile
 
 
 def test_translations_name_real_options_and_ports() -> None:
@@ -152,6 +178,13 @@ def test_translations_name_real_options_and_ports() -> None:
     assert set(translations["configuration"]) == set(config["schema"])
     for key, text in translations["configuration"].items():
         assert text["name"] and text["description"], key
+        assert set(text) <= {"name", "description", "fields"}, key
+    # A list of voices: each field of a voice has its own name and description in the form.
+    fields = translations["configuration"]["voices"]["fields"]
+    assert set(fields) == set(config["schema"]["voices"][0])
+    for key, text in fields.items():
+        assert set(text) == {"name", "description"} and all(text.values()), key
+    assert all("fields" not in t for k, t in translations["configuration"].items() if k != "voices")
     assert set(translations["network"]) == set(config["ports"])
 
 
@@ -161,21 +194,20 @@ def test_docs_images_and_repository_file() -> None:
     assert f"## {package_version()}" in (ADDON / "CHANGELOG.md").read_text(encoding="utf-8")
     for name in ("icon.png", "logo.png"):
         assert (ADDON / name).read_bytes().startswith(b"\x89PNG\r\n\x1a\n"), name
-    repository = yaml.safe_load((REPO_ROOT / "repository.yaml").read_text(encoding="utf-8"))
-    assert repository["name"] and repository["url"].startswith("https://")
+    repository = yaml.safe_load((ADDON.parent / "repository.yaml").read_text(encoding="utf-8"))
+    assert repository["name"] and repository["maintainer"]
 
 
-def test_a_committed_wheel_is_this_version() -> None:
-    """A release commits the wheel the add-on installs; it must be the version it claims."""
+def test_no_wheel_is_committed() -> None:
+    """The add-on installs the released package from the index: a clean clone needs no wheel."""
     tracked = subprocess.run(
-        ["git", "ls-files", "addon/tts_bridge/wheels"],
+        ["git", "ls-files", "addon/tts_bridge"],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
         check=True,
     ).stdout.split()
-    for wheel in (Path(p).name for p in tracked if p.endswith(".whl")):
-        assert wheel.startswith(f"tts_bridge-{package_version()}-"), wheel
+    assert tracked and not [p for p in tracked if Path(p).suffix == ".whl"]
 
 
 def test_the_health_check_reads_the_config_file_the_addon_reads() -> None:

@@ -122,3 +122,12 @@ def test_a_share_config_file_refines_the_options(tmp_path: Path) -> None:
     assert settings.default_voice == "heart"
     assert settings.scheduler.idle_delay_s == 9
     assert settings.cache.dir == tmp_path / "data" / "cache"
+
+
+@pytest.mark.parametrize("emptied", [{"targets": [], "phrases": []}, {}])
+def test_targets_and_phrases_left_empty_or_out(tmp_path: Path, emptied: dict[str, Any]) -> None:
+    """Both lists are optional in the form: empty (or absent) means the bridge's defaults."""
+    options = {k: v for k, v in addon_defaults().items() if k not in ("targets", "phrases")}
+    settings = settings_from({**options, **emptied}, tmp_path)
+    assert settings.homeassistant.targets == ["default"]
+    assert settings.phrases == []

@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
+from tts_bridge.audio.formats import AudioFormat
 from tts_bridge.bench import encoding
 from tts_bridge.bench.encoding import DEFAULT_FORMATS, encode_cost_rows, speechlike
 from tts_bridge.cli import main as cli
-from tts_bridge.formats import AudioFormat
 
 
 def test_one_row_per_format_with_its_output_rate_and_bitrate() -> None:

@@ -30,8 +30,9 @@ from tts_bridge.cli.doctor import (
     run_doctor,
 )
 from tts_bridge.config import Settings, load_settings
-from tts_bridge.hardware import Hardware, detect_hardware, plan_threads
 from tts_bridge.speech.cache import CacheKey, SentenceCache
+from tts_bridge.system.hardware import Hardware, detect_hardware
+from tts_bridge.system.threads import plan_threads
 
 STATUSES = ("PASS", "WARN", "FAIL")
 USER = "speaker"
@@ -351,3 +352,11 @@ def test_missing_model_file_fails_that_voice_only(tmp_path: Path) -> None:
     assert fine.status is Status.PASS
     assert heart is not None
     assert not heart.engine.loaded, "checking a voice must not load its model"
+
+
+def test_a_voice_slower_than_real_time_is_not_called_0x() -> None:
+    from tts_bridge.cli.doctor import _times_real_time
+
+    assert _times_real_time(2.231) == "0.45x"
+    assert _times_real_time(0.77) == "1.3x"
+    assert _times_real_time(0.025) == "40x"

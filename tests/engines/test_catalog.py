@@ -11,17 +11,19 @@ import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import pytest
+from pydantic import BaseModel, ConfigDict, Field
 
 from tts_bridge.cli.doctor import Status, check_voice
 from tts_bridge.config import ConfigError, Settings, load_settings
 from tts_bridge.engines import catalog
 from tts_bridge.engines.base import EngineError, FloatAudio, SynthesisOptions
 from tts_bridge.engines.catalog import EngineContext, EngineSpec
+from tts_bridge.engines.manifests import add_model
 from tts_bridge.engines.registry import EnginePool
-from tts_bridge.manifests import add_model
 from tts_bridge.speech.cache import SentenceCache
 from tts_bridge.speech.routing import CostEstimator
 from tts_bridge.speech.synthesis import RequestError, Synthesizer
@@ -81,6 +83,15 @@ class ToneEngine:
             self._hz = None
 
 
+class ToneVoiceOptions(BaseModel):
+    """The voice keys only tone takes."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    waveform: Literal["sine", "square"] = "sine"
+    detune_hz: float = Field(0.0, ge=-50.0, le=50.0)
+
+
 def _build(context: EngineContext) -> ToneEngine:
     return ToneEngine(
         context.model, context.sha256(context.model), context.session.intra_op_threads
@@ -106,6 +117,7 @@ def tone(bundled: Path) -> Iterator[EngineSpec]:
             languages=frozenset({"en"}),
             bundled_model=lambda: bundled,
             options=ToneOptions,
+            voice_options=ToneVoiceOptions,
         )
     )
     yield spec
@@ -219,6 +231,39 @@ def test_engine_specific_voice_keys_are_refused_for_other_kinds(
         _settings(tmp_path, {"x": {"engine": "tone", "fast_voice": "auto"}})
 
 
+def test_a_kind_declares_its_own_voice_options(tone: EngineSpec, tmp_path: Path) -> None:
+    # Written beside the keys every voice has, read through the kind's own schema.
+    settings = _settings(tmp_path, {"beep": {"engine": "tone", "waveform": "square"}})
+    assert settings.voices["beep"].engine_options() == {"waveform": "square"}
+    # From the environment too: the kind's schema converts the text.
+    voices = {"beep": {"engine": "tone"}, "joe": {"engine": "piper"}}
+    from_env = load_settings(
+        None,
+        {"voices": voices, "default_voice": "beep", "voices_file": str(tmp_path / "v.yaml")},
+        environ={"TTS_BRIDGE_VOICES__BEEP__DETUNE_HZ": "2.5"},
+    )
+    given = ToneVoiceOptions.model_validate(from_env.voices["beep"].engine_options())
+    assert (given.waveform, given.detune_hz) == ("sine", 2.5)
+    # Errors name the key, in the schema's words or the bridge's.
+    for voice, match in (
+        ({"engine": "tone", "waveform": "saw"}, r"voices\.x\.waveform: Input should be 'sine'"),
+        ({"engine": "tone", "detune_hz": 99}, r"voices\.x\.detune_hz: Input should be less"),
+        (
+            {"engine": "piper", "waveform": "square"},
+            r"voices\.x\.waveform: 'square' is only for engine tone",
+        ),
+        (
+            {"engine": "tone", "wavefrom": "sine"},
+            r"voices\.x\.wavefrom: unknown key \(did you mean 'waveform'\?\)",
+        ),
+    ):
+        with pytest.raises(ConfigError, match=match):
+            _settings(tmp_path, {"x": voice})
+    # Another kind's key at its default means "not set" (the example file writes every key).
+    quiet = _settings(tmp_path, {"x": {"engine": "piper", "waveform": "sine", "backend": "auto"}})
+    assert quiet.voices["x"].engine_options() == {}
+
+
 def test_a_kind_without_a_bundled_model_needs_one(tmp_path: Path) -> None:
     settings = _settings(tmp_path, {"x": {"engine": "chattts-onnx"}})
     with pytest.raises(EngineError, match="a chattts-onnx voice needs 'model': the export folder"):
@@ -309,6 +354,7 @@ def auto_kinds(bundled: Path) -> Iterator[None]:
             languages=frozenset({"zh"}),
             bundled_model=lambda: bundled,
             options=ToneOptions,
+            voice_options=ToneVoiceOptions,
         )
     )
     yield

@@ -26,18 +26,19 @@ import yaml
 
 from tests.support.chattts_tiny import NEEDS_CHATTTS_ONNX, tiny_hashes
 from tests.support.harness import BridgeFactory, ProbeFactory, RunningBridge, threads_started_niced
-from tts_bridge import manifests
 from tts_bridge.cli.main import main
 from tts_bridge.config import ConfigError, Settings, load_settings
+from tts_bridge.engines import manifests
 from tts_bridge.engines.base import EngineError
 from tts_bridge.engines.chattts.common import ChatTTSOptions
 from tts_bridge.engines.chattts.onnx_engine import ChatTTSOnnxEngine
 from tts_bridge.engines.chattts.onnx_format import MANIFEST_FILE
 from tts_bridge.engines.chattts.pool import find_chattts_exports
 from tts_bridge.engines.registry import EnginePool, manifest_hashes
-from tts_bridge.hardware import Hardware, plan_threads
 from tts_bridge.speech.cache import SentenceCache
 from tts_bridge.speech.synthesis import Synthesizer
+from tts_bridge.system.hardware import Hardware
+from tts_bridge.system.threads import plan_threads
 
 BASE = "tts_bridge"
 TEXT = "你好。"

@@ -20,8 +20,8 @@ from tests.support.chattts_tiny import NEEDS_CHATTTS_ONNX, make_tiny_checkpoint
 from tests.support.harness import BridgeFactory, ProbeFactory, ReceivedMessage
 from tests.support.hfhub import FakeHub
 from tts_bridge.cli.main import main
+from tts_bridge.engines.manifests import user_manifests
 from tts_bridge.hub import chattts
-from tts_bridge.manifests import user_manifests
 
 BASE = "tts_bridge"
 RESPONSE = f"{BASE}/bridge/response/say"

@@ -22,9 +22,9 @@ from tests.support.hfhub import FakeHub, closed_port
 from tts_bridge.cli.main import main
 from tts_bridge.config import load_settings
 from tts_bridge.engines.base import EngineError
+from tts_bridge.engines.manifests import sha256_file, user_manifests
 from tts_bridge.hub import chattts, fetch, piper
 from tts_bridge.hub.layout import fetch_hint
-from tts_bridge.manifests import sha256_file, user_manifests
 
 JOE = "en_US-joe-medium"
 JOE_DIR = "en/en_US/joe/medium"

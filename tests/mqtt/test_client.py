@@ -9,7 +9,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -19,7 +19,6 @@ from paho.mqtt.reasoncodes import ReasonCode
 
 from tests.support.harness import MqttProbe
 from tts_bridge.bench.localbroker import LocalBroker
-from tts_bridge.config import MqttSettings
 from tts_bridge.mqtt.client import (
     IncomingMessage,
     MqttConnection,
@@ -27,6 +26,7 @@ from tts_bridge.mqtt.client import (
     PublishResult,
     new_client,
 )
+from tts_bridge.mqtt.settings import MqttSettings
 
 WAIT_S = 10.0
 
@@ -122,8 +122,7 @@ def test_a_client_id_collision_is_diagnosed_and_backs_off(
 
 
 def test_retained_requests_are_marked_retained(broker: LocalBroker) -> None:
-    with MqttProbe(broker.host, broker.port) as probe:
-        probe.connect()
+    with MqttProbe(broker.host, broker.port) as probe:  # connected on entry
         probe.publish("tts_bridge/say/kitchen", b"stale retained announcement", retain=True)
         inbox: queue.Queue[IncomingMessage] = queue.Queue()
         connection = _connection(broker, f"bridge-{uuid.uuid4().hex[:8]}")
@@ -137,6 +136,29 @@ def test_retained_requests_are_marked_retained(broker: LocalBroker) -> None:
             probe.publish("tts_bridge/say/kitchen", b"", retain=True)  # clear it again
     assert (stale.payload, stale.retained) == (b"stale retained announcement", True)
     assert (live.payload, live.retained) == (b"live announcement", False)
+
+
+def test_subscribed_waits_for_the_suback_and_a_qos0_request_then_arrives(
+    broker: LocalBroker,
+) -> None:
+    inbox: queue.Queue[IncomingMessage] = queue.Queue()
+    connection = _connection(broker, f"bridge-{uuid.uuid4().hex[:8]}")
+    at_connect: list[bool] = []
+    # Read on paho's thread right after the CONNACK, before it can have read the SUBACK.
+    connection.start(
+        ("tts_bridge/say/+", "tts_bridge/bridge/request/#"),
+        inbox.put,
+        lambda: at_connect.append(connection.subscribed.is_set()),
+    )
+    try:
+        assert connection.subscribed.wait(WAIT_S)
+        assert at_connect == [False], "subscribed before the broker acknowledged anything"
+        with MqttProbe(broker.host, broker.port) as probe:  # connected on entry
+            probe.publish("tts_bridge/bridge/request/phrases", b"{}", qos=0)
+            assert inbox.get(timeout=WAIT_S).topic == "tts_bridge/bridge/request/phrases"
+    finally:
+        connection.stop()
+    assert not connection.subscribed.is_set()
 
 
 def test_early_acknowledgements_reach_their_publisher(broker: LocalBroker) -> None:
@@ -170,9 +192,12 @@ def test_reason_142_is_diagnosed_at_once(caplog: pytest.LogCaptureFixture) -> No
     settings = MqttSettings(host="127.0.0.1", port=1, client_id="kitchen")
     connection = MqttConnection(settings, OutgoingMessage("t", b""))
     taken = ReasonCode(PacketTypes.DISCONNECT, identifier=142)
-    connection._handle_disconnect(connection._client, None, DisconnectFlags(False), taken, None)
+    # What paho calls on its network thread (the handler as set by callbacks.attach).
+    on_disconnect: Callable[..., None] | None = connection._client.on_disconnect
+    assert on_disconnect is not None
+    on_disconnect(connection._client, None, DisconnectFlags(False), taken, None)
     assert connection.takeovers == 1 and connection.reconnect_delay_s == 5
-    connection._handle_disconnect(connection._client, None, DisconnectFlags(False), taken, None)
+    on_disconnect(connection._client, None, DisconnectFlags(False), taken, None)
     assert connection.reconnect_delay_s == 10
     lines = [r.getMessage() for r in caplog.records if "mqtt.client_id" in r.getMessage()]
     assert len(lines) == 1 and "'kitchen'" in lines[0] and "Session taken over" in lines[0]

@@ -14,7 +14,6 @@ from typing import Any
 import pytest
 
 from tests.support.harness import MqttProbe, ProbeFactory
-from tts_bridge.config import LimitsSettings
 from tts_bridge.mqtt.discovery import (
     AVAILABILITY_TEMPLATE,
     EVENT_TYPES,
@@ -29,6 +28,7 @@ from tts_bridge.mqtt.discovery import (
     removal_payload,
 )
 from tts_bridge.mqtt.protocol import SayPayload, Topics, error_response, ok_response, parse_say
+from tts_bridge.speech.settings import LimitsSettings
 from tts_bridge.speech.synthesis import RequestError, prepare_text
 
 BASE = "tts_bridge"

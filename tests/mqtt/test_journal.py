@@ -360,7 +360,7 @@ def test_full_disk_accepts_unjournaled_then_recovers(
             assert reopened.outcome(served) == OK
 
 
-def test_resumed_entries_count_attempts_and_poison_is_handed_back(tmp_path: Path) -> None:
+def test_an_attempt_is_counted_when_synthesis_starts_not_at_resume(tmp_path: Path) -> None:
     path = tmp_path / "journal.sqlite3"
     with Journal(path) as journal:
         poison_payload = b'{"text": "hi", "options": {"speed": 0.005}}'
@@ -368,22 +368,31 @@ def test_resumed_entries_count_attempts_and_poison_is_handed_back(tmp_path: Path
             journal, request_key(TOPIC, poison_payload, request_id="p"), payload=poison_payload
         )
         later = _accept(journal, request_key(TOPIC, TEXT, request_id="q"))
+        last = _accept(journal, request_key(TOPIC, TEXT, request_id="r"))
+        journal.started(poison.entry_id)  # and the process dies in its synthesis
     seen = []
-    for _ in range(3):  # three starts, each dying while serving the entry
+    for run in range(2):  # two more starts; the poison one stops each
         with Journal(path) as journal:
             resumed = journal.resume(max_attempts=3)
             assert resumed.poison == []
-            seen.append([(e.entry_id, e.attempts) for e in resumed.entries])
-            if len(seen) == 2:
-                journal.finish(later.entry_id, OK)  # the one after it did finish
+            seen.append(
+                (
+                    [(e.entry_id, e.attempts) for e in resumed.entries],
+                    [(e.entry_id, e.attempts) for e in resumed.suspects],
+                )
+            )
+            if run == 0:  # the waiting ones are served first, and finish
+                journal.started(later.entry_id)
+                journal.finish(later.entry_id, OK)
+                journal.finish(last.entry_id, OK)  # a cache hit: no synthesis, no attempt
+            journal.started(poison.entry_id)
     assert seen == [
-        [(poison.entry_id, 0), (later.entry_id, 0)],
-        [(poison.entry_id, 1), (later.entry_id, 1)],
-        [(poison.entry_id, 2)],
+        ([(later.entry_id, 0), (last.entry_id, 0)], [(poison.entry_id, 1)]),
+        ([], [(poison.entry_id, 2)]),
     ]
     with Journal(path) as journal:
         resumed = journal.resume(max_attempts=3)
-        assert resumed.entries == []
+        assert (resumed.entries, resumed.suspects) == ([], [])
         [entry] = resumed.poison
         assert (entry.entry_id, entry.attempts, entry.payload) == (
             poison.entry_id,
@@ -392,8 +401,42 @@ def test_resumed_entries_count_attempts_and_poison_is_handed_back(tmp_path: Path
         )
         journal.finish(entry.entry_id, {"status": "error", "code": "poison_request"})
     with Journal(path) as journal:
-        assert journal.resume() == Resumed([], [])
+        assert journal.resume() == Resumed([], [], [])
         assert journal.unfinished() == []
+
+
+def test_waiting_entries_keep_their_count_and_a_batch_is_each_a_suspect(
+    journal: Journal,
+) -> None:
+    keys = [request_key(TOPIC, TEXT, request_id=f"n{i}") for i in range(5)]
+    ids = [_accept(journal, key).entry_id for key in keys]
+    journal.started(ids[4])  # in synthesis at an earlier crash, and at this one again
+    journal.started(ids[4])
+    # Two in synthesis at once (two slots, or the fast lane) when the process dies; two waiting.
+    journal.started(ids[1])
+    journal.started(ids[3])
+    for _ in range(3):  # starts that die before any synthesis began again change nothing
+        resumed = journal.resume(max_attempts=3)
+        assert [(e.entry_id, e.attempts) for e in resumed.entries] == [(ids[0], 0), (ids[2], 0)]
+        # Fewest attempts first: the one that stopped the process twice goes last.
+        assert [(e.entry_id, e.attempts) for e in resumed.suspects] == [
+            (ids[1], 1),
+            (ids[3], 1),
+            (ids[4], 2),
+        ]
+        assert resumed.poison == []
+    journal.started(ids[1])  # retried alone, and it finishes
+    journal.finish(ids[1], OK)
+    journal.started(ids[3])  # retried alone, it stops the process: 2
+    journal.started(ids[3])  # ... and again: the limit
+    resumed = journal.resume(max_attempts=3)
+    assert [(e.entry_id, e.attempts) for e in resumed.poison] == [(ids[3], 3)]
+    assert [e.entry_id for e in resumed.entries] == [ids[0], ids[2]]
+    assert [e.entry_id for e in resumed.suspects] == [ids[4]]
+    journal.started(0)  # an unjournaled request: nothing to count
+    journal.finish(ids[0], OK)
+    journal.started(ids[0])  # finished: nothing changes
+    assert [e.attempts for e in journal.unfinished()] == [0, 3, 2]
 
 
 def test_outcome_with_a_lone_surrogate_is_recorded(journal: Journal) -> None:
@@ -428,6 +471,9 @@ def test_a_format_1_journal_is_migrated(tmp_path: Path) -> None:
         [entry] = journal.unfinished()
         assert (entry.key, entry.payload, entry.attempts) == ("k", b"hi", 0)
         assert [e.attempts for e in journal.resume().entries] == [0]
+        journal.started(entry.entry_id)
         assert [e.attempts for e in journal.unfinished()] == [1]
+    with Journal(path) as journal:
+        assert [e.attempts for e in journal.resume().suspects] == [1]
     with contextlib.closing(sqlite3.connect(path)) as reread:
         assert reread.execute("PRAGMA user_version").fetchone() == (2,)

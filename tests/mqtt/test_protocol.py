@@ -8,8 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tts_bridge.config import LimitsSettings
-from tts_bridge.formats import AudioFormat
+from tts_bridge.audio.formats import AudioFormat
 from tts_bridge.mqtt.protocol import (
     ProtocolError,
     Topics,
@@ -19,8 +18,10 @@ from tts_bridge.mqtt.protocol import (
     parse_api_request,
     parse_say,
     response_topic_refusal,
+    speech_request,
     topic_matches,
 )
+from tts_bridge.speech.settings import LimitsSettings, TargetSettings
 
 LIMITS = LimitsSettings(max_payload_bytes=4096, max_json_depth=8)
 
@@ -337,3 +338,48 @@ def test_the_cost_is_estimated_on_the_cleaned_text_and_the_raw_text_is_capped() 
             parse_say("k", payload, capped)
         assert caught.value.code == "text_too_long"
         assert "limits.max_raw_text_bytes" in str(caught.value)
+
+
+def test_a_say_request_becomes_the_speech_cores_request_whole() -> None:
+    payload = {
+        "text": "Dinner is ready",
+        "id": "d1",
+        "voice": "joe",
+        "lang": "en",
+        "tier": "fast",
+        "cache": False,
+        "stream": True,
+        "latency_budget_ms": 900,
+        "options": {"speed": 1.2},
+        "format": "mp3",
+        "chime": "ding",
+        "ssml": False,
+        "priority": "high",
+    }
+    say = parse_say("kitchen", json.dumps(payload).encode(), LIMITS)
+    target = TargetSettings(chime_after="alert", gain_db=-6.0)
+    speech = speech_request(say, 4.5, target)
+    assert (speech.id, speech.text, speech.voice, speech.language) == (
+        "d1",
+        "Dinner is ready",
+        "joe",
+        "en",
+    )
+    assert (speech.tier, speech.use_cache, speech.stream, speech.budget_ms) == (
+        "fast",
+        False,
+        True,
+        900,
+    )
+    assert speech.options == {"speed": 1.2} and speech.format == "mp3"
+    assert (speech.chime, speech.chime_after, speech.ssml) == ("ding", None, False)
+    assert (speech.default_chime, speech.default_chime_after) == (None, "alert")
+    assert (speech.priority, speech.door, speech.target, speech.received) == (
+        "high",
+        "mqtt",
+        "kitchen",
+        4.5,
+    )
+    assert speech.volume == pytest.approx(10 ** (-6 / 20))
+    plain = speech_request(parse_say("hall", b"Hi", LIMITS), 1.0)
+    assert plain.volume is None and plain.default_chime is None and plain.target == "hall"

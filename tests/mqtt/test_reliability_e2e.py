@@ -23,11 +23,11 @@ import psutil
 import pytest
 
 from tests.support.harness import BridgeFactory, MqttProbe, ProbeFactory, RunningBridge
-from tts_bridge.audio import encode_wav
+from tts_bridge.audio.codec import encode_wav
 from tts_bridge.bench.localbroker import LocalBroker
 from tts_bridge.cli.doctor import check_broker
 from tts_bridge.cli.play import EXIT_OK, run_player
-from tts_bridge.config import MqttSettings, TlsSettings
+from tts_bridge.mqtt.settings import MqttSettings, TlsSettings
 
 BASE = "tts_bridge"
 RESPONSE = f"{BASE}/bridge/response/say"

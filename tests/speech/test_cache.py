@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 
 from tests.support.fullfs import small_tmpfs
-from tts_bridge.config import CacheSettings
-from tts_bridge.faults import storage_condition
 from tts_bridge.speech.cache import CacheKey, SentenceCache
+from tts_bridge.speech.settings import CacheSettings
+from tts_bridge.system.faults import storage_condition
 
 
 def _key(sentence: str = "Dinner is ready.", **changes: object) -> CacheKey:
@@ -237,3 +237,31 @@ def test_truncated_value_is_dropped_and_missed(tmp_path: Path) -> None:
     assert not cache.contains(_key())
     assert cache.stats()["misses"] == 1
     cache.close()
+
+
+def test_a_read_writes_nothing_until_its_lookup_is_noted(tmp_path: Path) -> None:
+    cache = SentenceCache(CacheSettings(dir=tmp_path / "c", max_mb=1))
+    keep = _key("keep me")
+    cache.put(keep, _pcm(0, 22050), tier="quality", engine="e")  # 44 KB each
+    assert cache.read(keep) is not None and cache.read(_key("absent")) is None
+    assert (cache.stats()["hits"], cache.stats()["misses"]) == (0, 0)
+    cache.note_lookup(_key("absent"), False)
+    assert (cache.stats()["hits"], cache.stats()["misses"]) == (0, 1)
+    # A noted hit is recent: it outlives the size bound, as a `get` does.
+    for i in range(60):
+        cache.put(_key(f"sentence {i}"), _pcm(i + 1, 22050), tier="quality", engine="e")
+        assert cache.read(keep) is not None
+        cache.note_lookup(keep, True)
+    assert cache.stats()["hits"] == 60
+    assert cache.read(_key("sentence 0")) is None
+
+
+def test_without_noting_hits_the_oldest_entry_is_evicted(tmp_path: Path) -> None:
+    """What the test above proves is the noted recency (reads alone leave it old)."""
+    cache = SentenceCache(CacheSettings(dir=tmp_path / "c", max_mb=1))
+    keep = _key("keep me")
+    cache.put(keep, _pcm(0, 22050), tier="quality", engine="e")
+    for i in range(60):
+        cache.put(_key(f"sentence {i}"), _pcm(i + 1, 22050), tier="quality", engine="e")
+        cache.read(keep)
+    assert cache.read(keep) is None

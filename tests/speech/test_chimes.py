@@ -8,12 +8,14 @@ import numpy as np
 import pytest
 import soundfile
 
-from tts_bridge.config import ChimesSettings, Settings, load_settings
+from tts_bridge.config import Settings, load_settings
 from tts_bridge.engines.registry import EnginePool
 from tts_bridge.speech.cache import SentenceCache
 from tts_bridge.speech.chimes import BUILT_IN, ChimeError, ChimeLibrary
 from tts_bridge.speech.loudness import LoudnessNormalizer, true_peak_dbfs
-from tts_bridge.speech.synthesis import Announcement, AudioPart, RequestError, Synthesizer
+from tts_bridge.speech.request import Announcement
+from tts_bridge.speech.settings import ChimesSettings
+from tts_bridge.speech.synthesis import AudioPart, RequestError, Synthesizer
 
 TARGET = -18.0
 

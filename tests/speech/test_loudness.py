@@ -100,13 +100,17 @@ def test_joe_and_heart_answer_at_the_target(settings: Settings) -> None:
     assert abs(measured["joe"]["mean_lufs"] - measured["heart"]["mean_lufs"]) <= 1.0
 
 
-def test_without_normalization_the_voices_differ(settings: Settings) -> None:
-    """What the test above proves is the bridge's doing (this one can fail if engines change)."""
+def test_without_normalization_the_voices_miss_the_target(settings: Settings) -> None:
+    """What the test above proves is the bridge's doing: as the engines make them, the
+    announcements are not within 1 LU of the target (this one can fail if engines change)."""
+    target = settings.synthesis.loudness_lufs
+    assert target is not None
     off = settings.model_copy(
         update={"synthesis": settings.synthesis.model_copy(update={"loudness_lufs": None})}
     )
     measured = measure_voices(off, ("joe", "heart"), ANNOUNCEMENTS[:3])
-    assert abs(measured["joe"]["mean_lufs"] - measured["heart"]["mean_lufs"]) > 2.0
+    for voice, figures in measured.items():
+        assert all(abs(lufs - target) > 1.0 for lufs in figures["lufs"]), (voice, figures)
 
 
 @NEEDS_CHATTTS_ONNX
@@ -136,7 +140,7 @@ def test_the_tiny_chattts_answers_at_the_target_too(tiny_export_fp32: Path, tmp_
     tiny = synth.engines.voice("tiny")
     options = synth.options_for(tiny)
     parts: list[AudioPart] = []
-    sentence = synth.sentence(tiny, 0, LONG, options, True, on_part=parts.append)
+    sentence = synth.sentence(tiny, 0, LONG, options, True, on_part=parts.append, streaming=True)
     assert len(parts) >= 3, "the engine streams this sentence in pieces"
     joined = np.concatenate([p.pcm for p in parts])
     assert np.array_equal(joined, sentence.pcm)

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tts_bridge.config import ConfigError, Settings, load_settings
+from tts_bridge.engines.base import Engine
 from tts_bridge.engines.registry import EnginePool
 from tts_bridge.speech.cache import SentenceCache
 from tts_bridge.speech.pronunciations import FILE_NAME, Pronunciations
@@ -58,18 +60,42 @@ def test_every_voice_is_given_the_lexicons_words(settings: Settings, tmp_path: P
         assert "win lives" in synth.front_text(engine, SENTENCE)
 
 
-def test_an_edit_changes_the_cache_key_of_the_sentences_it_touches(
-    settings: Settings, tmp_path: Path
+def _given(monkeypatch: pytest.MonkeyPatch, engine: Engine) -> list[str]:
+    """What `engine` is given to speak from now on, call by call (it still speaks)."""
+    given: list[str] = []
+    for name in ("synthesize", "synthesize_stream"):
+        method = getattr(engine, name, None)
+        if method is None:
+            continue
+
+        def record(text: str, *rest: Any, _method: Any = method, **kwargs: Any) -> Any:
+            given.append(text)
+            return _method(text, *rest, **kwargs)
+
+        monkeypatch.setattr(engine, name, record)
+    return given
+
+
+def test_an_edit_reaches_the_engine_and_only_the_sentences_it_touches_are_made_again(
+    settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     synth = _synth(settings, tmp_path / "state")
-    voice = synth.engines.voice("heart")
-    options = synth.options_for(voice)
-    touched, untouched = synth._key(voice, SENTENCE, options), synth._key(voice, "Hi.", options)
+    voice = synth.engines.voice("joe")  # Piper: given the file's phonemes
+    given = _given(monkeypatch, voice.engine)
+    first = synth.render(SENTENCE, "joe").wav
+    synth.render("Hi.", "joe")
+    assert given == ["shiv awn Nguyen lives at twelve [[ wˈʊstɚ ]] Road.", "Hi."]
+
+    given.clear()
     synth.pronunciations.set("nguyen", "win")
-    assert synth._key(voice, SENTENCE, options) != touched
-    assert synth._key(voice, "Hi.", options) == untouched
+    synth.render(SENTENCE, "joe")
+    synth.render("Hi.", "joe")  # untouched: still the cache's
+    assert given == ["shiv awn win lives at twelve [[ wˈʊstɚ ]] Road."]
+
+    given.clear()
     synth.pronunciations.remove("NGUYEN")
-    assert synth._key(voice, SENTENCE, options) == touched
+    assert synth.render(SENTENCE, "joe").wav == first  # the first rendering, from the cache
+    assert given == []
 
 
 def test_edits_survive_a_restart_and_configured_entries_stay(

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from tts_bridge.speech.scheduler import AGING_S, LiveJob, Scheduler
+from tts_bridge.speech.scheduler import AGING_S, LiveJob, Scheduler, Ticket
 
 WAIT_S = 10.0
 
@@ -56,9 +56,9 @@ def scheduler() -> Iterator[Scheduler]:
 def test_a_fast_job_does_not_wait_for_the_quality_job_in_the_slot(scheduler: Scheduler) -> None:
     log: list[str] = []
     quality, fast = Blocker("quality", log), Blocker("fast", log)
-    assert scheduler.submit_live(quality, 5.0)
+    assert scheduler.submit_live(quality, Ticket(5.0))
     assert quality.started.wait(WAIT_S)
-    assert scheduler.submit_live(fast, 0.1, urgent=True)
+    assert scheduler.submit_live(fast, Ticket(0.1), urgent=True)
     # The only slot is held by the quality job, yet the fast job starts.
     assert fast.started.wait(WAIT_S), log
     fast.release.set()
@@ -84,11 +84,11 @@ def test_quality_jobs_still_take_turns_in_the_slot(scheduler: Scheduler) -> None
 def test_backlog_counts_the_slots_work_not_the_fast_lane(scheduler: Scheduler) -> None:
     log: list[str] = []
     running, fast = Blocker("running", log), Blocker("fast", log)
-    assert scheduler.submit_live(running, 4.0)
+    assert scheduler.submit_live(running, Ticket(4.0))
     assert running.started.wait(WAIT_S)
     queued = Blocker("queued", log)
-    assert scheduler.submit_live(queued, 2.0)
-    assert scheduler.submit_live(fast, 3.0, urgent=True)
+    assert scheduler.submit_live(queued, Ticket(2.0))
+    assert scheduler.submit_live(fast, Ticket(3.0), urgent=True)
     assert fast.started.wait(WAIT_S)
     # What a new quality job would wait for: the running job's rest and the queued one.
     assert 5.0 < scheduler.backlog_s() <= 6.0
@@ -146,7 +146,9 @@ def _order_of(made: Scheduler, jobs: list[tuple[str, dict[str, object]]]) -> lis
     """Queue `jobs` on a stopped scheduler (one slot), then run them: the order they ran in."""
     ran: list[str] = []
     for name, kwargs in jobs:
-        assert made.submit_live(lambda name=name: ran.append(name), **kwargs)  # type: ignore[arg-type,misc]
+        urgent = bool(kwargs.pop("urgent", False))
+        work = Ticket(**kwargs)  # type: ignore[arg-type]
+        assert made.submit_live(lambda name=name: ran.append(name), work, urgent=urgent)  # type: ignore[misc]
     made.start()
     assert made.stop(WAIT_S)
     return ran
@@ -208,25 +210,25 @@ def test_waiting_moves_a_job_up_so_nothing_starves() -> None:
 
 def test_each_door_and_each_peer_has_a_share_of_the_queue() -> None:
     made = Scheduler(1, 8, door_share=0.5, peer_share=0.25)  # door 4, peer 2; not started
-    assert made.submit_live(lambda: None, door="wyoming", peer="10.0.0.5")
-    assert made.submit_live(lambda: None, door="wyoming", peer="10.0.0.5")
-    refused = made.submit_live(lambda: None, door="wyoming", peer="10.0.0.5")
+    assert made.submit_live(lambda: None, Ticket(door="wyoming", peer="10.0.0.5"))
+    assert made.submit_live(lambda: None, Ticket(door="wyoming", peer="10.0.0.5"))
+    refused = made.submit_live(lambda: None, Ticket(door="wyoming", peer="10.0.0.5"))
     assert not refused and refused.limit == "limits.peer_share", refused
     assert "10.0.0.5" in refused.message and "limits.peer_share" in refused.message
-    assert made.submit_live(lambda: None, door="wyoming", peer="10.0.0.6")
-    assert made.submit_live(lambda: None, door="wyoming", peer="10.0.0.6")
-    refused = made.submit_live(lambda: None, door="wyoming", peer="10.0.0.7")
+    assert made.submit_live(lambda: None, Ticket(door="wyoming", peer="10.0.0.6"))
+    assert made.submit_live(lambda: None, Ticket(door="wyoming", peer="10.0.0.6"))
+    refused = made.submit_live(lambda: None, Ticket(door="wyoming", peer="10.0.0.7"))
     assert refused.limit == "limits.door_share" and "wyoming" in refused.message, refused
     # The other doors keep their place.
     for _ in range(4):
-        assert made.submit_live(lambda: None, door="mqtt")
-    refused = made.submit_live(lambda: None, door="http", peer="10.0.0.8")
+        assert made.submit_live(lambda: None, Ticket(door="mqtt"))
+    refused = made.submit_live(lambda: None, Ticket(door="http", peer="10.0.0.8"))
     assert refused.limit == "limits.max_queue", refused
     # A cache hit is never refused; an alert has a reserve as large as the queue.
-    assert made.submit_live(lambda: None, door="wyoming", peer="10.0.0.5", cached=True)
+    assert made.submit_live(lambda: None, Ticket(door="wyoming", peer="10.0.0.5", cached=True))
     for _ in range(7):
-        assert made.submit_live(lambda: None, door="mqtt", priority="alert")
-    refused = made.submit_live(lambda: None, door="mqtt", priority="alert")
+        assert made.submit_live(lambda: None, Ticket(door="mqtt", priority="alert"))
+    refused = made.submit_live(lambda: None, Ticket(door="mqtt", priority="alert"))
     assert refused.limit == "limits.max_queue", refused
     assert made.refusals() == {
         "limits.peer_share": 1,
@@ -239,16 +241,16 @@ def test_each_door_and_each_peer_has_a_share_of_the_queue() -> None:
     assert lanes["fast"]["cached"] == 1
     # Cache hits have a ceiling too, far above the queue: memory stays bounded.
     while made.depth < 4 * 8:
-        assert made.submit_live(lambda: None, door="http", cached=True)
-    refused = made.submit_live(lambda: None, door="http", cached=True)
+        assert made.submit_live(lambda: None, Ticket(door="http", cached=True))
+    refused = made.submit_live(lambda: None, Ticket(door="http", cached=True))
     assert refused.limit == "limits.max_queue", refused
     assert made.refusals()["limits.max_queue"] == 3
 
 
 def test_a_resumed_request_skips_every_limit_but_stopping() -> None:
     made = Scheduler(1, 1, door_share=0.5, peer_share=0.5)
-    assert made.submit_live(lambda: None, door="mqtt")
-    assert made.submit_live(lambda: None, door="mqtt", force=True)
+    assert made.submit_live(lambda: None, Ticket(door="mqtt"))
+    assert made.submit_live(lambda: None, Ticket(door="mqtt"), force=True)
     made.start()
     assert made.stop(WAIT_S)
     stopped = made.submit_live(lambda: None, force=True)

@@ -8,7 +8,8 @@ import pytest
 from tts_bridge.config import Settings, load_settings
 from tts_bridge.engines.registry import EnginePool
 from tts_bridge.speech.cache import SentenceCache
-from tts_bridge.speech.synthesis import Announcement, AudioPart, RequestError, Synthesizer
+from tts_bridge.speech.request import Announcement
+from tts_bridge.speech.synthesis import AudioPart, RequestError, Synthesizer
 
 
 @pytest.fixture(scope="module")

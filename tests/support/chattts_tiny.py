@@ -2,10 +2,10 @@
 
 The real weights (about 1.1 GB) come from a model hub this project never contacts, so the tests
 drive the real ``chattts`` code with this stand-in: ``write_random_checkpoint`` at the ``TINY``
-size (``tts_bridge.engines.chattts.random_checkpoint`` describes the files and the speaker
+size (``tests.support.random_checkpoint`` describes the files and the speaker
 statistics' format; the bench writes its full-size checkpoint with the same writer).
 
-Run as a script to write one: ``python tests/support/chattts_tiny.py DEST``.
+Run as a script to write one: ``python -m tests.support.chattts_tiny DEST`` (from the clone).
 
 The ChatTTS tests share their set-up through this module too: the ``NEEDS_CHATTTS`` and
 ``NEEDS_CHATTTS_ONNX`` skip markers, ``tiny_hashes`` (the expected hashes of a checkpoint's
@@ -33,9 +33,9 @@ from typing import Any
 
 import pytest
 
-from tts_bridge.engines.chattts.random_checkpoint import TINY, write_random_checkpoint
+from tests.support.random_checkpoint import TINY, write_random_checkpoint
 from tts_bridge.engines.chattts.torch_engine import CHECKPOINT_FILES, SPK_STAT_FILE, ChatTTSEngine
-from tts_bridge.manifests import sha256_file
+from tts_bridge.engines.manifests import sha256_file
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -227,5 +227,5 @@ def tiny_export_fp32(tiny_models: TinyModels, tiny_checkpoint: Path) -> Path:
 
 if __name__ == "__main__":
     if len(sys.argv) != 2:
-        sys.exit("usage: python tests/support/chattts_tiny.py DEST")
+        sys.exit("usage: python -m tests.support.chattts_tiny DEST")
     print(make_tiny_checkpoint(Path(sys.argv[1])))

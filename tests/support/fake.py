@@ -27,12 +27,13 @@ import soundfile
 from tts_bridge import app
 from tts_bridge.config import Settings, load_settings
 from tts_bridge.engines.registry import EnginePool
-from tts_bridge.hardware import ThreadPlan
 from tts_bridge.mqtt.client import IncomingMessage, OutgoingMessage, PublishResult
 from tts_bridge.mqtt.journal import Journal
 from tts_bridge.mqtt.protocol import topic_matches
 from tts_bridge.speech.cache import SentenceCache
+from tts_bridge.speech.metrics import Metrics
 from tts_bridge.speech.synthesis import Synthesizer
+from tts_bridge.system.threads import ThreadPlan
 
 BASE = "tts_bridge"
 WAIT_S = 30.0
@@ -47,6 +48,7 @@ class FakeConnection:
 
     def __init__(self, packet_limit: int | None = None) -> None:
         self.connected = threading.Event()
+        self.subscribed = threading.Event()
         self.packet_limit = packet_limit
         self.published: list[OutgoingMessage] = []
         self.published_at: list[float] = []
@@ -89,6 +91,7 @@ class FakeConnection:
             self.publish(final)
         self.final = final
         self.connected.clear()
+        self.subscribed.clear()
         self.stopped = True
 
     def publish(
@@ -135,6 +138,7 @@ class FakeConnection:
     def connect(self) -> None:
         """A (re)connect: the service's on_connected runs as after a CONNACK."""
         self.connected.set()
+        self.subscribed.set()
         assert self._on_connected is not None, "the service did not start the connection"
         self._on_connected()
 
@@ -220,7 +224,7 @@ def hold_worker(service: app.Service) -> threading.Event:
     def wait() -> None:
         gate.wait(WAIT_S)
 
-    assert service.pipeline.scheduler.submit_live(wait, 0.0)
+    assert service.pipeline.scheduler.submit_live(wait)
     return gate
 
 
@@ -281,9 +285,12 @@ class Services:
         # The bundled voices, loaded once, are shared by every test that keeps them; the cache
         # and journal are always the test's own.
         pool = EnginePool(settings, plan=self._plan) if "voices" in overrides else self._pool
-        synth = Synthesizer(settings, pool, SentenceCache(settings.cache))
+        metrics = Metrics()
+        synth = Synthesizer(settings, pool, SentenceCache(settings.cache), metrics=metrics)
         connection = FakeConnection(packet_limit)
-        service = app.build(settings, plan=self._plan, synthesizer=synth, connection=connection)
+        service = app.build(
+            settings, plan=self._plan, synthesizer=synth, connection=connection, metrics=metrics
+        )
         if start:
             service.start()
             self.running.append(service)

@@ -173,6 +173,9 @@ class MqttProbe:
     # the test's side ------------------------------------------------------------------------
 
     def connect(self, timeout: float = MQTT_TIMEOUT_S) -> Self:
+        # A second connect drops the first socket under the running loop: a publish in
+        # between fails with "connection lost".
+        assert not self._connected.is_set(), "already connected (`with` connects on entry)"
         self._client.connect(self.host, self.port, keepalive=30)
         self._client.loop_start()
         if not self._connected.wait(timeout):
@@ -265,7 +268,8 @@ class MqttProbe:
         self._client.loop_stop()
 
     def __enter__(self) -> Self:
-        return self.connect()
+        # `with MqttProbe(...).connect(timeout=...)` is connected already.
+        return self if self._connected.is_set() else self.connect()
 
     def __exit__(
         self,
@@ -462,6 +466,9 @@ class BridgeFactory:
     ``tmp_path/cache``, so a second bridge after ``stop()`` sees the first one's cache.
     """
 
+    module = "tts_bridge"
+    """What ``python -m`` runs: a test's own entry point may register test-only engines first."""
+
     def __init__(self, broker: LocalBroker, tmp_path: Path) -> None:
         self.broker = broker
         self.tmp_path = tmp_path
@@ -505,7 +512,7 @@ class BridgeFactory:
             if watcher is not None:
                 watcher.subscribe(f"{base_topic}/bridge/state")
             log_file = log_path.open("wb")
-            command = [sys.executable, "-m", "tts_bridge", "run", "--config", str(config_path)]
+            command = [sys.executable, "-m", self.module, "run", "--config", str(config_path)]
             if _open_files is not None:
                 command = _with_open_files_limit(_open_files, command)
             proc = subprocess.Popen(

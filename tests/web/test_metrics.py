@@ -76,6 +76,14 @@ def test_counters_move_after_requests(services: Services) -> None:
         assert moved("tts_bridge_synthesis_seconds_count", voice="joe", stage=stage) >= 1
     assert moved("tts_bridge_synthesis_steps_total", voice="joe", stage="synthesis") >= 1
     assert moved("tts_bridge_real_time_factor_count", voice="joe") >= 1
+    # Each request's stages, by door: the new sentence went through the engine, the repeat not.
+    for stage in ("queue", "cache_read", "first_audio", "first_byte", "encode"):
+        assert moved("tts_bridge_request_stage_seconds_count", door="http", stage=stage) == 2
+    for stage in ("front", "engine", "loudness", "cache_write"):
+        assert moved("tts_bridge_request_stage_seconds_count", door="http", stage=stage) == 1
+    for stage in ("queue", "first_byte"):
+        assert moved("tts_bridge_request_stage_seconds_count", door="mqtt", stage=stage) == 1
+    assert moved("tts_bridge_request_stage_seconds_count", door="mqtt", stage="engine") == 0
     assert value(after, "tts_bridge_resident_memory_bytes") > 0
     assert value(after, "tts_bridge_broker_connected") == 1
     for lane in ("quality", "fast", "idle"):
@@ -103,6 +111,21 @@ def test_each_service_has_its_own_registry() -> None:
     assert "tts_bridge_broker_connected 0.0" in text
     assert "tts_bridge_model_load_seconds_count" in text
     assert "tts_bridge_requests_total{" not in two.exposition().decode()
+
+
+def test_a_request_s_stages_are_kept_and_its_first_byte_added_later() -> None:
+    metrics = Metrics()
+    seconds = {"queue": 0.001, "engine": 0.05, "prefill": 0.01}
+    metrics.request_stages("wyoming", seconds)
+    metrics.first_byte("wyoming", seconds, 0.06)  # the door writes after the work is counted
+    assert metrics.recent_stages() == [
+        ("wyoming", {"queue": 0.001, "engine": 0.05, "first_byte": 0.06})  # no engine stage
+    ]
+    text = metrics.exposition().decode()
+    for stage in ("queue", "engine", "first_byte"):
+        count = f'tts_bridge_request_stage_seconds_count{{door="wyoming",stage="{stage}"}} 1.0'
+        assert count in text
+    assert 'stage="prefill"' not in text
 
 
 def test_a_failing_state_reader_leaves_the_other_metrics(caplog: pytest.LogCaptureFixture) -> None:

@@ -24,11 +24,12 @@ import soundfile
 from tests.support.fake import BASE, Services, body
 from tests.support.web import raw_request
 from tts_bridge import app
-from tts_bridge.config import HttpSettings, load_settings
-from tts_bridge.formats import AudioFormat
+from tts_bridge.audio.formats import AudioFormat
+from tts_bridge.config import load_settings
 from tts_bridge.web import status_page
 from tts_bridge.web.audio_store import AudioStore
 from tts_bridge.web.server import AudioServer
+from tts_bridge.web.settings import HttpSettings
 
 RATE = 22050
 
@@ -376,15 +377,22 @@ def _audio_server(service: app.Service) -> AudioServer:
     return next(s for s in service.servers if isinstance(s, AudioServer))
 
 
-def test_the_status_page_shows_voices_and_health_but_no_url(services: Services) -> None:
-    service, conn = services(scheduler={"idle_enabled": False})
+@pytest.mark.parametrize(
+    ("ui", "path"),
+    [("off", "/"), ("read-only", "/status")],
+    ids=["at / without the web UI", "as the web UI's Status section"],
+)
+def test_the_status_page_shows_voices_and_health_but_no_url(
+    services: Services, ui: str, path: str
+) -> None:
+    service, conn = services(scheduler={"idle_enabled": False}, http={"ui": ui})
     server = _audio_server(service)
     since = conn.mark()
     conn.deliver(f"{BASE}/say/kitchen", json.dumps({"text": "Secret words here.", "id": "s1"}))
     answer = body(conn.wait_for(lambda m: m.topic == f"{BASE}/bridge/response/say", since=since))
     token = _path(answer["data"]["url"]).rsplit("/", 1)[1].split(".")[0]
 
-    status, headers, page = _request(server, "GET", "/")
+    status, headers, page = _request(server, "GET", path)
     assert status == 200
     assert headers["Content-Type"] == "text/html; charset=utf-8"
     text = page.decode()
@@ -397,7 +405,7 @@ def test_the_status_page_shows_voices_and_health_but_no_url(services: Services) 
     for secret in (token, "/audio/", "Secret words"):
         assert secret not in text, secret
 
-    status, headers, empty = _request(server, "HEAD", "/")
+    status, headers, empty = _request(server, "HEAD", path)
     assert (status, empty) == (200, b"")
     assert headers["Content-Type"] == "text/html; charset=utf-8"
     assert _request(server, "GET", "/index.html")[0] == 404

@@ -25,7 +25,7 @@ from tests.support.fake import Services
 from tests.support.harness import BridgeFactory
 from tests.support.web import raw_request
 from tts_bridge import app
-from tts_bridge.audio_stream import PCM_RATE
+from tts_bridge.audio.stream import PCM_RATE
 from tts_bridge.bench.localbroker import free_port
 from tts_bridge.web import speech_api
 from tts_bridge.web.api_keys import ApiKeys, read_keys_file
@@ -249,7 +249,7 @@ def test_a_busy_bridge_answers_503(services: Services) -> None:
     try:
         # Occupy every worker: a job that stays queued means none is free, and the queue full.
         while True:
-            assert scheduler.submit_live(held, 0.0)
+            assert scheduler.submit_live(held)
             deadline = time.monotonic() + 2.0
             while scheduler.depth and time.monotonic() < deadline:
                 time.sleep(0.01)
@@ -306,6 +306,62 @@ def test_the_api_can_be_turned_off(services: Services) -> None:
     service, _ = services(http={"api_enabled": False})
     status, _, _ = speak(service, b'{"text": "Hello."}', "application/json")
     assert status == 404
+
+
+# -- another site's page ---------------------------------------------------------------------
+
+OPENAI_BODY = b'{"model": "tts-1-hd", "input": "Hello.", "voice": "joe", "response_format": "wav"}'
+ROUTES = [("/v1/audio/speech", OPENAI_BODY), ("/api/speak", b"Hello.")]
+# What a browser adds to a "simple" POST (text/plain needs no permission from the bridge).
+CROSS_SITE = [
+    {"Origin": "http://evil.example", "Sec-Fetch-Site": "cross-site"},
+    {"Origin": "http://other.home.arpa:8123", "Sec-Fetch-Site": "same-site"},
+    {"Origin": "http://evil.example"},  # a browser without Sec-Fetch-Site
+    {"Origin": "null"},  # a sandboxed frame, a file
+]
+
+
+def own_origin(service: app.Service) -> str:
+    return f"http://127.0.0.1:{audio_server(service).port}"
+
+
+@pytest.mark.parametrize(("path", "body"), ROUTES)
+def test_another_sites_page_is_refused(
+    served: app.Service, path: str, body: bytes, caplog: pytest.LogCaptureFixture
+) -> None:
+    for headers in CROSS_SITE:
+        status, _, answer = speak(served, body, "text/plain", headers, path=path)
+        assert status == 403, (headers, answer[:200])
+        error = error_of(answer)
+        assert (error["code"], error["type"]) == ("cross_origin", "invalid_request_error")
+    # Counted each time, logged once (the fault throttle).
+    refusals = [r for r in caplog.records if "another site" in r.getMessage()]
+    assert len(refusals) == 1
+    assert "'http://evil.example'" in refusals[0].getMessage()
+
+
+@pytest.mark.parametrize(("path", "body"), ROUTES)
+def test_own_origin_and_programs_are_served(served: app.Service, path: str, body: bytes) -> None:
+    for headers in (
+        {},  # curl, Home Assistant, the openai package
+        {"Origin": own_origin(served), "Sec-Fetch-Site": "same-origin"},
+        {"Origin": own_origin(served)},
+    ):
+        status, _, audio = speak(served, body, "text/plain", headers, path=path)
+        assert status == 200, (headers, audio[:200])
+        assert decode(audio)[1] == JOE_RATE
+
+
+def test_a_valid_key_is_served_from_another_site(services: Services) -> None:
+    service, _ = services(http={"api_keys": ["kitchen"]})
+    headers = {**CROSS_SITE[0], "Authorization": "Bearer kitchen"}
+    for path, body in ROUTES:
+        status, _, audio = speak(service, body, "text/plain", headers, path=path)
+        assert status == 200, audio[:200]
+        assert decode(audio)[1] == JOE_RATE
+        # Without the key: the key's refusal, as before.
+        status, _, answer = speak(service, body, "text/plain", CROSS_SITE[0], path=path)
+        assert status == 401 and error_of(answer)["code"] == "invalid_api_key"
 
 
 # -- /api/speak ------------------------------------------------------------------------------
@@ -401,15 +457,77 @@ def test_a_body_that_never_arrives_is_refused(
     assert status == 200
 
 
-def test_the_openai_client_can_ask_for_a_priority(served: app.Service) -> None:
-    audio = client_for(served).audio.speech.create(
-        model="tts-1",
-        voice="joe",
-        input="Smoke in the kitchen.",
-        response_format="wav",
-        extra_body={"priority": "alert"},
-    )
-    assert decode(audio.content)[0].shape[0] > 0
+def _occupy_every_worker(service: app.Service, gate: threading.Event) -> None:
+    """Jobs that wait for `gate` until one stays queued: no worker is free."""
+    scheduler = service.pipeline.scheduler
+
+    def held() -> None:
+        gate.wait(60)
+
+    while True:
+        assert scheduler.submit_live(held)
+        deadline = time.monotonic() + 2.0
+        while scheduler.depth and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if scheduler.depth:
+            return
+
+
+def test_the_openai_client_can_ask_for_a_priority(
+    services: Services, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # One voice for all, no rerouting to the fast voice, nothing cached: only the priority can
+    # put the alert, asked last and the longest (shorter work goes first within a priority),
+    # before the normal requests queued ahead of it.
+    service, _ = services(scheduler={"idle_enabled": False, "latency_budget_ms": 600_000})
+    engine = service.pipeline.synthesizer.engines.voice("joe").engine
+    spoken: list[str] = []
+    synthesize = engine.synthesize
+
+    def record(text: str, *rest: Any) -> Any:
+        spoken.append(text)
+        return synthesize(text, *rest)
+
+    monkeypatch.setattr(engine, "synthesize", record)
+    monkeypatch.setattr(engine, "synthesize_stream", None, raising=False)
+    run = "".join(chr(ord("a") + int(digit, 16)) for digit in uuid.uuid4().hex[:8])
+    normals = [f"A normal {word} request, {run}." for word in ("alpha", "bravo", "charlie")]
+    # Under the clause threshold (a streamed answer renders a long sentence clause by clause),
+    # so the engine is given each request whole and the order below reads one entry each.
+    alert = f"Smoke in the kitchen, {run}: everybody leave the house."
+    answers: dict[str, bytes] = {}
+
+    def ask(text: str, priority: str) -> None:
+        answers[text] = (
+            client_for(service)
+            .audio.speech.create(
+                model="tts-1-hd",  # the quality lane, whose workers are all busy
+                voice="joe",
+                input=text,
+                response_format="wav",
+                extra_body={"priority": priority},
+            )
+            .read()
+        )
+
+    gate = threading.Event()
+    asked: list[threading.Thread] = []
+    try:
+        _occupy_every_worker(service, gate)
+        for text, priority in [*((n, "normal") for n in normals), (alert, "alert")]:
+            asked.append(threading.Thread(target=ask, args=(text, priority)))
+            asked[-1].start()
+            deadline = time.monotonic() + 30
+            while service.pipeline.scheduler.doors().get("http", 0) < len(asked):
+                assert time.monotonic() < deadline, "the request was not queued"
+                time.sleep(0.01)
+    finally:
+        gate.set()
+    for thread in asked:
+        thread.join(60)
+    order = [next(t for t in (alert, *normals) if t.split(",")[0] in said) for said in spoken]
+    assert order == [alert, *normals]
+    assert all(decode(answers[text])[0].shape[0] > 0 for text in (alert, *normals))
 
 
 def test_concurrent_requests_each_get_their_own_audio(served: app.Service) -> None:

@@ -32,11 +32,11 @@ from wyoming.tts import (
 from zeroconf.asyncio import AsyncServiceInfo, AsyncZeroconf
 
 from tests.support.harness import BASE_TOPIC, BridgeFactory, ProbeFactory, bridge_api
-from tts_bridge.config import Settings, WyomingSettings, load_settings
+from tts_bridge.config import Settings, load_settings
 from tts_bridge.engines.registry import EnginePool
 from tts_bridge.speech.cache import SentenceCache
 from tts_bridge.speech.idle import IdleWork
-from tts_bridge.speech.pipeline import Counters, Pipeline
+from tts_bridge.speech.pipeline import Pipeline
 from tts_bridge.speech.routing import TierRouter
 from tts_bridge.speech.scheduler import Scheduler
 from tts_bridge.speech.synthesis import Synthesizer
@@ -50,6 +50,7 @@ from tts_bridge.wyoming.events import (
     service_info,
 )
 from tts_bridge.wyoming.server import WyomingServer, announcement, register
+from tts_bridge.wyoming.settings import WyomingSettings
 
 MAX_TEXT_CHARS = 300
 TIMEOUT_S = 60.0
@@ -103,7 +104,7 @@ class Running:
 def _serve(settings: Settings, synth: Synthesizer, budget_ms: int) -> Iterator[Running]:
     scheduler = Scheduler(1, settings.limits.max_queue)
     router = TierRouter(budget_ms, settings.scheduler.hysteresis)
-    pipeline = Pipeline(settings, synth, scheduler, router, IdleWork(settings, synth), Counters())
+    pipeline = Pipeline(settings, synth, scheduler, router, IdleWork(settings, synth))
     pipeline.start()
     server = WyomingServer(settings, pipeline)
     server.start()
@@ -270,6 +271,56 @@ def test_synthesize_speaks_with_the_default_voice(running: Running) -> None:
     assert 1.0 < seconds < 5.0, seconds
     assert np.sqrt(np.mean(answer.pcm.astype(np.float64) ** 2)) > 100  # speech, not silence
     assert not answer.closed  # the connection stays usable for another request
+
+
+def test_a_long_sentence_s_first_chunk_comes_before_its_synthesis_ends(
+    running: Running, synth: Synthesizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = synth.engines.voice("joe").engine
+    stream = engine.synthesize_stream  # type: ignore[attr-defined]  # Piper's, not every engine's
+    made: list[float] = []
+
+    def timed(*args: Any, **kwargs: Any) -> Iterator[Any]:
+        for chunk in stream(*args, **kwargs):  # Piper's generation returns nothing
+            if chunk.size:
+                made.append(time.monotonic())  # a window of the sentence is decoded
+            yield chunk
+
+    monkeypatch.setattr(engine, "synthesize_stream", timed)
+    text = (
+        "When the rain stops this afternoon, please bring the garden chairs back inside, "
+        "close the shed behind the house, and switch the sprinklers off for the evening."
+    )
+
+    async def first_chunk_at() -> tuple[float, Exchange]:
+        client = AsyncTcpClient("127.0.0.1", running.port)
+        await client.connect()
+        try:
+            for request in stream_events("joe", [text]):
+                await client.write_event(request)
+            events: list[Event] = []
+            first: float | None = None
+            while not events or events[-1].type not in ("synthesize-stopped", "error"):
+                event = await asyncio.wait_for(client.read_event(), TIMEOUT_S)
+                assert event is not None
+                if event.type == "audio-chunk" and first is None:
+                    first = time.monotonic()
+                events.append(event)
+            assert first is not None
+            return first, Exchange(events, False, None)
+        finally:
+            await client.disconnect()
+
+    first, answer = asyncio.run(first_chunk_at())
+    assert not answer.of("error") and answer.pcm.size > 3 * JOE_RATE
+    assert len(made) > 1, "decoded in windows"
+    assert first < made[-1], "the first audio went out while the rest was being synthesized"
+    # The whole sentence is cached: the same text again is one hit, the same audio.
+    synthesized, hits = len(made), synth.cache.stats()["hits"]
+    again = exchange(running.port, say(text, voice="joe"))
+    assert np.array_equal(again.pcm, answer.pcm)
+    assert len(made) == synthesized  # nothing synthesized again
+    assert synth.cache.stats()["hits"] == hits + 1
 
 
 def test_synthesize_with_a_voice_and_by_language(running: Running) -> None:
@@ -518,7 +569,7 @@ def test_a_taken_port_is_logged_and_shown_not_served(
             update={"wyoming": settings.wyoming.model_copy(update={"port": port})}
         )
         router = TierRouter(600_000, 0.7)
-        pipeline = Pipeline(busy, synth, Scheduler(1, 4), router, IdleWork(busy, synth), Counters())
+        pipeline = Pipeline(busy, synth, Scheduler(1, 4), router, IdleWork(busy, synth))
         server = WyomingServer(busy, pipeline)
         with caplog.at_level("ERROR", logger="tts_bridge.wyoming.server"):
             server.start()
@@ -586,9 +637,7 @@ def test_server_off(settings: Settings, synth: Synthesizer) -> None:
         }
     )
     scheduler = Scheduler(1, 4)
-    pipeline = Pipeline(
-        off, synth, scheduler, TierRouter(1500, 0.7), IdleWork(off, synth), Counters()
-    )
+    pipeline = Pipeline(off, synth, scheduler, TierRouter(1500, 0.7), IdleWork(off, synth))
     server = WyomingServer(off, pipeline)
     server.start()
     assert not server.serving

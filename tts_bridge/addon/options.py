@@ -26,6 +26,8 @@ CONFIG_FILE_NAME = "config.yaml"
 """An optional full configuration in SHARE_DIR, for settings the options do not cover."""
 VOICE_KEYS = ("engine", "model", "speaker", "description", "fast_voice")
 LOG_LEVELS = ("debug", "info", "warning", "error")
+TARGET_PLAYER_KEYS = ("media_players", "volume", "lead_in_ms")
+"""What an entry of the target_players option sets for its target (targets.<target>.<key>)."""
 
 
 class OptionsError(Exception):
@@ -74,6 +76,9 @@ def options_tree(options: Mapping[str, Any]) -> dict[str, Any]:
     targets = _list(options, "targets")
     if targets:
         tree["homeassistant"] = {"targets": [str(t) for t in targets]}
+    players = _target_players(_list(options, "target_players"))
+    if players:
+        tree["targets"] = players
     phrases = [str(p) for p in _list(options, "phrases") if str(p).strip()]
     if phrases:
         tree["phrases"] = phrases
@@ -90,7 +95,15 @@ def options_tree(options: Mapping[str, Any]) -> dict[str, Any]:
     }
     if mqtt:
         tree["mqtt"] = mqtt
-    known = {"default_voice", "voices", "targets", "phrases", "audio_url_base", "log_level"}
+    known = {
+        "default_voice",
+        "voices",
+        "targets",
+        "target_players",
+        "phrases",
+        "audio_url_base",
+        "log_level",
+    }
     unknown = set(options) - known - {f"mqtt_{k}" for k in ("host", "port", "username", "password")}
     if unknown:
         _LOGGER.warning("Ignoring unknown add-on options: %s", ", ".join(sorted(unknown)))
@@ -111,6 +124,22 @@ def _voices(entries: list[Any]) -> dict[str, dict[str, Any]]:
             key: entry[key] for key in VOICE_KEYS if entry.get(key) not in (None, "")
         }
     return voices
+
+
+def _target_players(entries: list[Any]) -> dict[str, dict[str, Any]]:
+    """targets.<target> from the entries of target_players (Home Assistant media players that
+    play a target's announcements; the add-on reaches Home Assistant through the Supervisor)."""
+    targets: dict[str, dict[str, Any]] = {}
+    for index, entry in enumerate(entries):
+        if not isinstance(entry, dict) or not entry.get("target"):
+            raise OptionsError(f"option target_players[{index}]: needs a target")
+        target = str(entry["target"])
+        if target in targets:
+            raise OptionsError(f"option target_players[{index}]: {target} is listed twice")
+        targets[target] = {
+            key: entry[key] for key in TARGET_PLAYER_KEYS if entry.get(key) not in (None, "")
+        }
+    return targets
 
 
 def _text(options: Mapping[str, Any], key: str) -> str:

@@ -27,7 +27,7 @@ from tts_bridge import __version__
 from tts_bridge.addon import options as addon_options
 from tts_bridge.addon.supervisor import MqttService, SupervisorClient, SupervisorError
 from tts_bridge.config import ConfigError, Settings, load_settings, merge_trees
-from tts_bridge.folders import FolderError
+from tts_bridge.system.folders import FolderError
 from tts_bridge.wyoming.server import WyomingServer
 
 _LOGGER = logging.getLogger(__name__)

@@ -64,9 +64,8 @@ from tts_bridge.bench.chattts_report import (
     format_report,
 )
 from tts_bridge.bench.util import machine_info, run_child
-from tts_bridge.engines.chattts.random_checkpoint import OFFICIAL
 from tts_bridge.engines.chattts.torch_engine import read_checkpoint
-from tts_bridge.manifests import add_model
+from tts_bridge.engines.manifests import add_model
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -131,8 +130,8 @@ def run_chattts_bench(
     rounds: int = 1,
     cases: Sequence[str] = CASES,
     threads: int | None = None,
-    hidden_size: int = OFFICIAL.hidden_size,
-    num_layers: int = OFFICIAL.num_layers,
+    hidden_size: int | None = None,
+    num_layers: int | None = None,
     first_audio_codes: int | None = None,
     spinning: bool = True,
 ) -> dict[str, Any]:
@@ -142,8 +141,9 @@ def run_chattts_bench(
     choice on a host whose other programs keep the cores busy, where spinning is a cliff.
 
     ``out`` is the work folder: the checkpoint in ``out/checkpoint`` and the export in
-    ``out/onnx`` are made when missing (``hidden_size``/``num_layers`` size a new checkpoint;
-    an existing one is used as it is), the results go to ``out/results.json``.
+    ``out/onnx`` are made when missing (``hidden_size``/``num_layers`` size a new checkpoint,
+    None: the official size; an existing one is used as it is), the results go to
+    ``out/results.json``.
     """
     if tokens < 1 or not batches or min(batches) < 1 or rounds < 1:
         raise ValueError("tokens, rounds and every batch size must be at least 1")
@@ -176,7 +176,7 @@ def run_chattts_bench(
     report["bandwidth"] = memory_bandwidth(threads)
     print(f"memory bandwidth {report['bandwidth']['gb_per_s']} GB/s", file=sys.stderr)
     print(f"checkpoint in {checkpoint} ...", file=sys.stderr)
-    spec = [str(checkpoint), str(hidden_size), str(num_layers)]
+    spec = [str(checkpoint), str(hidden_size or 0), str(num_layers or 0)]
     report["checkpoint"] = run_child(_MEASURE, ["checkpoint", *spec], timeout=CHILD_TIMEOUT_S)
     dims = read_checkpoint(checkpoint)
     report["checkpoint"]["dims"] = asdict(dims)

@@ -21,6 +21,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from tts_bridge.bench.checkpoint import random_checkpoint
 from tts_bridge.bench.util import patched, peak_rss_mb, rss_mb, time_first_chunk
 from tts_bridge.engines.chattts.common import (
     SAMPLE_RATE,
@@ -28,13 +29,8 @@ from tts_bridge.engines.chattts.common import (
     TOKENS_PER_SECOND,
     expected_seconds,
 )
-from tts_bridge.engines.chattts.random_checkpoint import (
-    OFFICIAL,
-    official_sections,
-    write_random_checkpoint,
-)
 from tts_bridge.engines.chattts.torch_engine import SPK_STAT_FILE, _release_freed_heap
-from tts_bridge.manifests import expected_hashes
+from tts_bridge.engines.manifests import expected_hashes
 
 MODEL_NAME = "chattts-bench"
 PRECISIONS = ("fp32", "int8")
@@ -272,14 +268,21 @@ def _child_main(argv: list[str]) -> int:
     result: dict[str, Any]
     if argv[:1] == ["checkpoint"] and len(argv) == 4:
         checkpoint = Path(argv[1])
+        writer = random_checkpoint()
         result = {"built": False}
         # spk_stat.json is written last: its presence means a complete checkpoint.
         if not (checkpoint / SPK_STAT_FILE).is_file():
             started = time.perf_counter()
-            size = replace(OFFICIAL, hidden_size=int(argv[2]), num_layers=int(argv[3]))
-            write_random_checkpoint(checkpoint, size)
+            official = writer.OFFICIAL
+            # 0: the official size.
+            size = replace(
+                official,
+                hidden_size=int(argv[2]) or official.hidden_size,
+                num_layers=int(argv[3]) or official.num_layers,
+            )
+            writer.write_random_checkpoint(checkpoint, size)
             result = {"built": True, "build_s": round(time.perf_counter() - started, 1)}
-        result["official_sections"] = official_sections(checkpoint)
+        result["official_sections"] = writer.official_sections(checkpoint)
     elif argv[:1] == ["export"] and len(argv) == 4:
         from tts_bridge.engines.chattts.onnx_format import MANIFEST_FILE, read_manifest
         from tts_bridge.engines.chattts.quantize import (

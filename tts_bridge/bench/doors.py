@@ -30,7 +30,7 @@ from tts_bridge.bench.localbroker import free_port
 from tts_bridge.bench.scenarios import BASE, BridgeSession, bridge_session, percentile
 from tts_bridge.bench.util import machine_info, table
 from tts_bridge.config import Settings, load_settings
-from tts_bridge.connections import raise_open_files_limit
+from tts_bridge.system.connections import raise_open_files_limit
 
 _LOGGER = logging.getLogger(__name__)
 

@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from tts_bridge.audio import encode
-from tts_bridge.formats import AudioFormat
+from tts_bridge.audio.codec import encode
+from tts_bridge.audio.formats import AudioFormat
 
 SOURCE_RATE = 22050
 DEFAULT_FORMATS: tuple[AudioFormat, ...] = (

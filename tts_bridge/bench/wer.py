@@ -30,11 +30,12 @@ from typing import Any
 import numpy as np
 import soundfile
 
-from tts_bridge import audio
+from tts_bridge.audio import codec
 from tts_bridge.config import Settings
 from tts_bridge.engines.base import SynthesisOptions
 from tts_bridge.engines.registry import EnginePool
 from tts_bridge.speech.cache import SentenceCache
+from tts_bridge.speech.request import SpeechRequest
 from tts_bridge.speech.synthesis import Synthesizer
 from tts_bridge.text.normalize import normalize
 
@@ -184,20 +185,33 @@ def edit_distance(reference: list[str], hypothesis: list[str]) -> int:
     return previous[-1]
 
 
-def _plain(synth: Synthesizer, voice_name: str, text: str) -> tuple[audio.Int16Audio, int]:
+def _plain(synth: Synthesizer, voice_name: str, text: str) -> tuple[codec.Int16Audio, int]:
     """What the engine makes of the text as written (its own sentence splitting)."""
     voice = synth.engines.voice(voice_name)
     engine = voice.engine
     synth.engines.ensure_loaded(engine)
     chunks = list(engine.synthesize(engine.prepare_text(text), voice.speaker, SynthesisOptions()))
-    pcm = audio.to_pcm16(np.concatenate(chunks)) if chunks else audio.silence(1, 0)
+    pcm = codec.to_pcm16(np.concatenate(chunks)) if chunks else codec.silence(1, 0)
     return pcm, engine.sample_rate
 
 
-def _bridge(synth: Synthesizer, voice_name: str, text: str) -> tuple[audio.Int16Audio, int]:
-    rendering = synth.render(text, voice_name, use_cache=False)
+def _bridge(synth: Synthesizer, voice_name: str, text: str) -> tuple[codec.Int16Audio, int]:
+    rendering = synth.speak(
+        SpeechRequest(text=text, voice=voice_name, use_cache=False, door="bench")
+    )
     data, rate = soundfile.read(io.BytesIO(rendering.wav), dtype="int16")
     return np.asarray(data, dtype="<i2"), int(rate)
+
+
+def _streamed(synth: Synthesizer, voice_name: str, text: str) -> tuple[codec.Int16Audio, int]:
+    """What a door that streams hears: the parts as they were sent, joined (Piper's windows,
+    another engine's long sentences clause by clause)."""
+    plan = synth.plan(SpeechRequest(text=text, voice=voice_name, use_cache=False, door="bench"))
+    parts: list[codec.Int16Audio] = []
+    synth.render_plan(
+        plan, plan.voice, use_cache=False, on_part=lambda p: parts.append(p.pcm), streaming=True
+    )
+    return np.concatenate(parts), plan.voice.engine.sample_rate
 
 
 def _transcriber() -> Any:
@@ -211,8 +225,8 @@ def _transcriber() -> Any:
     return WhisperModel(str(get_model_path()), device="cpu", compute_type="int8", cpu_threads=2)
 
 
-def _transcribe(model: Any, pcm: audio.Int16Audio, rate: int) -> str:
-    samples = audio.resample(pcm, rate, WHISPER_RATE).astype(np.float32) / 32768.0
+def _transcribe(model: Any, pcm: codec.Int16Audio, rate: int) -> str:
+    samples = codec.resample(pcm, rate, WHISPER_RATE).astype(np.float32) / 32768.0
     segments, _ = model.transcribe(
         samples, language="en", beam_size=5, condition_on_previous_text=False, vad_filter=False
     )
@@ -232,7 +246,7 @@ def run_wer_bench(
         totals: dict[tuple[str, str], list[int]] = {}
         started = time.perf_counter()
         for voice in voices:
-            for mode, make in (("plain", _plain), ("bridge", _bridge)):
+            for mode, make in (("plain", _plain), ("bridge", _bridge), ("streamed", _streamed)):
                 errors = words = 0
                 for item in ANNOUNCEMENTS:
                     pcm, rate = make(synth, voice, item.text)
@@ -257,7 +271,7 @@ def run_wer_bench(
     summary = {
         voice: {
             mode: round(100.0 * totals[(voice, mode)][0] / totals[(voice, mode)][1], 2)
-            for mode in ("plain", "bridge")
+            for mode in ("plain", "bridge", "streamed")
         }
         for voice in voices
     }
@@ -271,8 +285,12 @@ def run_wer_bench(
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2, ensure_ascii=False), encoding="utf-8")
     print(f"Word error rate on {len(ANNOUNCEMENTS)} home announcements (Whisper tiny.en):")
-    print(f"{'voice':<8}{'plain':>10}{'bridge':>10}")
+    print(f"{'voice':<8}{'plain':>10}{'bridge':>10}{'streamed':>10}")
     for voice in voices:
-        print(f"{voice:<8}{summary[voice]['plain']:>9.2f}%{summary[voice]['bridge']:>9.2f}%")
+        figures = summary[voice]
+        print(
+            f"{voice:<8}{figures['plain']:>9.2f}%{figures['bridge']:>9.2f}%"
+            f"{figures['streamed']:>9.2f}%"
+        )
     print(f"transcripts: {out}")
     return result

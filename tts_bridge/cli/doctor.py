@@ -28,13 +28,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 import paho.mqtt.client as mqtt
-from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
 from tts_bridge import __version__
-from tts_bridge.config import CacheSettings, ConfigError, MqttSettings, Settings, load_settings
-from tts_bridge.hardware import Hardware, ThreadPlan, detect_hardware
+from tts_bridge.config import ConfigError, Settings, load_settings
+from tts_bridge.engines import catalog as _engines  # noqa: F401 (voices are checked as they load)
+from tts_bridge.mqtt import callbacks
 from tts_bridge.mqtt.client import new_client
+from tts_bridge.mqtt.settings import MqttSettings
+from tts_bridge.speech.settings import CacheSettings
+from tts_bridge.system.hardware import Hardware, detect_hardware
+from tts_bridge.system.threads import ThreadPlan
 
 if TYPE_CHECKING:
     from tts_bridge.engines.registry import Voice
@@ -150,33 +154,18 @@ def probe_broker(
     suback: list[ReasonCode] = []
     state: list[bytes] = []
 
-    def on_connect(
-        client: mqtt.Client,
-        userdata: Any,
-        flags: mqtt.ConnectFlags,
-        reason: ReasonCode,
-        properties: Properties | None,
-    ) -> None:
-        connack.append(reason)
-
-    def on_subscribe(
-        client: mqtt.Client,
-        userdata: Any,
-        mid: int,
-        reasons: list[ReasonCode],
-        properties: Properties | None,
-    ) -> None:
-        suback.extend(reasons)
-
-    def on_message(client: mqtt.Client, userdata: Any, message: mqtt.MQTTMessage) -> None:
+    def on_message(message: mqtt.MQTTMessage) -> None:
         if message.topic == state_topic and message.retain:
             state.append(bytes(message.payload))
 
     client = _make_client(settings)
     client.connect_timeout = timeout_s
-    client.on_connect = on_connect
-    client.on_subscribe = on_subscribe
-    client.on_message = on_message
+    callbacks.attach(
+        client,
+        connected=lambda reason, flags, properties: connack.append(reason),
+        subscribed=suback.extend,
+        received=on_message,
+    )
     try:
         client.connect(settings.host, settings.port, keepalive=max(5, int(timeout_s) * 2))
     except OSError as exc:
@@ -502,7 +491,7 @@ def check_timing(voice: Voice, sentence: str = TIMING_SENTENCE) -> CheckResult:
     detail = (
         f"load {load_s * 1000:.0f} ms; {sentence!r} first {first_s * 1000:.0f} ms, then "
         f"{synth_s * 1000:.0f} ms for {audio_s:.2f} s of audio: RTF {rtf:.3f} "
-        f"({1 / rtf:.0f}x real time)"
+        f"({_times_real_time(rtf)} real time)"
     )
     if rtf >= 1.0:
         return CheckResult(label, Status.WARN, f"{detail}; slower than real time: listeners wait")
@@ -556,3 +545,10 @@ def run_doctor(
         return 1
     print(f"all {len(results)} checks passed{warnings}", file=out)
     return 0
+
+
+def _times_real_time(rtf: float) -> str:
+    """1/RTF for people: "39x", "1.3x", "0.45x" (whole numbers hide a voice slower than real
+    time as "0x")."""
+    speed = 1 / rtf
+    return f"{speed:.0f}x" if speed >= 10 else f"{speed:.2g}x"

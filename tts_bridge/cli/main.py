@@ -18,11 +18,14 @@ from typing import TYPE_CHECKING, Any
 from tts_bridge import __version__
 from tts_bridge.cli.models import add_models_parser
 from tts_bridge.cli.parsing import HelpFormatter, add_command
+from tts_bridge.cli.service import add_service_parser
 from tts_bridge.config import ConfigError, Settings, load_settings
+from tts_bridge.engines import catalog as _engines  # noqa: F401 (voices are checked as they load)
+from tts_bridge.speech.request import SpeechRequest
 
 if TYPE_CHECKING:
-    from tts_bridge.hardware import ThreadPlan
     from tts_bridge.speech.synthesis import Synthesizer
+    from tts_bridge.system.threads import ThreadPlan
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -151,7 +154,14 @@ def cmd_say(args: argparse.Namespace, settings: Settings) -> int:
     text = args.text if args.text != "-" else sys.stdin.read()
     synth = _build_synthesizer(settings, _thread_plan(settings))
     try:
-        rendering = synth.render(text, args.voice, use_cache=not args.no_cache, lang=args.lang)
+        request = SpeechRequest(
+            text=text,
+            voice=args.voice,
+            language=args.lang,
+            use_cache=not args.no_cache,
+            door="cli",
+        )
+        rendering = synth.speak(request)
     except RequestError as exc:
         print(f"error ({exc.code}): {exc}", file=sys.stderr)
         return 1
@@ -305,9 +315,9 @@ def cmd_prerender(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_voices_new(args: argparse.Namespace, settings: Settings) -> int:
     """Sample a ChatTTS speaker deterministically from a seed and store it in the voices file."""
-    from tts_bridge.config import NAME_PATTERN
     from tts_bridge.engines.base import EngineError
-    from tts_bridge.voices_file import VoicesFileError, chattts_voice_from_seed, write_voice
+    from tts_bridge.engines.voices_file import VoicesFileError, chattts_voice_from_seed, write_voice
+    from tts_bridge.settings_base import NAME_PATTERN
 
     if not re.match(NAME_PATTERN, args.name):
         print(f"error: voice name must match {NAME_PATTERN}", file=sys.stderr)
@@ -334,6 +344,12 @@ def cmd_doctor(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _bench_doors_or_sweep(args: argparse.Namespace, settings: Settings) -> None:
+    if args.stages:
+        from tts_bridge.bench.stages import DEFAULT_OUT as STAGES_OUT
+        from tts_bridge.bench.stages import run_stages_bench
+
+        run_stages_bench(settings, args.out if args.out != DEFAULT_BENCH_OUT else STAGES_OUT)
+        return
     if args.doors:
         from tts_bridge.bench.doors import DEFAULT_OUT, run_doors_bench
 
@@ -388,7 +404,7 @@ def cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
         )
     if args.http or args.encoding or args.loudness:
         return 0
-    if args.doors or args.sweep:
+    if args.doors or args.sweep or args.stages:
         _bench_doors_or_sweep(args, settings)
         return 0
     from tts_bridge.bench.engines import run_bench
@@ -533,6 +549,12 @@ def _add_bench_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         help="only the HTTP speech API's time to first byte (streamed WAV, MP3), new and cached",
     )
     bench.add_argument(
+        "--stages",
+        action="store_true",
+        help="where each request's time goes (queue, front end, engine, loudness, first byte, "
+        "encoding, cache write) per door (MQTT, Wyoming, HTTP), uncached and cached",
+    )
+    bench.add_argument(
         "--doors",
         action="store_true",
         help="cache-hit latency over MQTT while idle HTTP connections, a Wyoming flood and "
@@ -596,6 +618,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_cache_parser(sub, common)
     _add_voices_parser(sub, common)
     add_models_parser(sub, common)
+    add_service_parser(sub, common)
     play = add_command(
         sub,
         "play",
@@ -646,8 +669,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_CONFIG
     _setup_logging(settings, args.debug)
     from tts_bridge.engines.base import EngineError
-    from tts_bridge.folders import FolderError
     from tts_bridge.mqtt.journal import JournalError
+    from tts_bridge.system.folders import FolderError
 
     try:
         return int(args.func(args, settings))

@@ -8,11 +8,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tts_bridge import manifests
 from tts_bridge.cli.parsing import add_command
 from tts_bridge.config import Settings
+from tts_bridge.engines import manifests
 from tts_bridge.engines.base import EngineError
-from tts_bridge.manifests import (
+from tts_bridge.engines.manifests import (
     USER_MANIFEST,
     ManifestError,
     ModelError,

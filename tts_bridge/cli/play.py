@@ -23,16 +23,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
 import paho.mqtt.client as mqtt
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
-from tts_bridge.config import MqttSettings
-from tts_bridge.durable import write_atomic
+from tts_bridge.mqtt import callbacks
 from tts_bridge.mqtt.client import new_client
+from tts_bridge.mqtt.settings import MqttSettings
+from tts_bridge.system.durable import write_atomic
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -293,10 +293,13 @@ class _Session:
             update={"username": username, "password": password}
         )
         self._client = new_client(login, client_id=f"tts-bridge-player-{uuid.uuid4().hex[:8]}")
-        self._client.on_connect = self._on_connect
-        self._client.on_disconnect = self._on_disconnect
-        self._client.on_subscribe = self._on_subscribe
-        self._client.on_message = self._on_message
+        callbacks.attach(
+            self._client,
+            connected=self._on_connect,
+            disconnected=self._on_disconnect,
+            subscribed=self._on_subscribe,
+            received=self._on_message,
+        )
 
     def connect(self) -> int:
         try:
@@ -322,66 +325,40 @@ class _Session:
         self._client.disconnect()
         self._client.loop_stop()
 
-    # paho callbacks (network thread): never raise, never block.
+    # paho callbacks (network thread, set by callbacks.attach, which logs what they raise):
+    # never block.
 
     def _on_connect(
-        self,
-        client: mqtt.Client,
-        userdata: Any,
-        flags: mqtt.ConnectFlags,
-        reason: ReasonCode,
-        properties: Properties | None,
+        self, reason: ReasonCode, flags: mqtt.ConnectFlags, properties: Properties | None
     ) -> None:
         try:
             if reason.is_failure:
                 self._refused = reason.getName()
             else:
-                client.subscribe([(t, SubscribeOptions(qos=1)) for t in self.topics])
-        except Exception:
-            _LOGGER.exception("Error while handling the connection")
+                self._client.subscribe([(t, SubscribeOptions(qos=1)) for t in self.topics])
         finally:
             self._answered.set()
 
-    def _on_disconnect(
-        self,
-        client: mqtt.Client,
-        userdata: Any,
-        flags: mqtt.DisconnectFlags,
-        reason: ReasonCode,
-        properties: Properties | None,
-    ) -> None:
+    def _on_disconnect(self, reason: ReasonCode) -> None:
         if reason.is_failure and self._refused is None:
             _LOGGER.warning("Lost the broker (%s); reconnecting", reason.getName())
 
-    def _on_subscribe(
-        self,
-        client: mqtt.Client,
-        userdata: Any,
-        mid: int,
-        reasons: list[ReasonCode],
-        properties: Properties | None,
-    ) -> None:
-        try:
-            refused = [r.getName() for r in reasons if r.is_failure]
-            if refused:
-                _LOGGER.error("The broker refused the subscription: %s", ", ".join(refused))
-            elif self._ready is not None:
-                self._ready.set()
-        except Exception:
-            _LOGGER.exception("Error while handling a subscription")
+    def _on_subscribe(self, reasons: list[ReasonCode]) -> None:
+        refused = [r.getName() for r in reasons if r.is_failure]
+        if refused:
+            _LOGGER.error("The broker refused the subscription: %s", ", ".join(refused))
+        elif self._ready is not None:
+            self._ready.set()
 
-    def _on_message(self, client: mqtt.Client, userdata: Any, msg: mqtt.MQTTMessage) -> None:
-        try:
-            pairs: list[tuple[str, str]] = (
-                getattr(getattr(msg, "properties", None), "UserProperty", None) or []
+    def _on_message(self, msg: mqtt.MQTTMessage) -> None:
+        pairs: list[tuple[str, str]] = (
+            getattr(getattr(msg, "properties", None), "UserProperty", None) or []
+        )
+        self.messages.put(
+            AudioMessage(
+                topic=msg.topic,
+                payload=bytes(msg.payload),
+                retained=bool(msg.retain),
+                user_properties=dict(pairs),
             )
-            self.messages.put(
-                AudioMessage(
-                    topic=msg.topic,
-                    payload=bytes(msg.payload),
-                    retained=bool(msg.retain),
-                    user_properties=dict(pairs),
-                )
-            )
-        except Exception:
-            _LOGGER.exception("Error while receiving a message on %s", getattr(msg, "topic", "?"))
+        )

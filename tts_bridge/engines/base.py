@@ -20,15 +20,18 @@ import numpy as np
 import numpy.typing as npt
 
 Tier = Literal["quality", "fast"]
-Precision = Literal["fp32", "int8", "int4", "int8-all"]
-"""A model's weights as a voice asks for them (engines with one set of weights ignore it)."""
 FloatAudio = npt.NDArray[np.float32]
-FrontEnd = Literal["none", "numbers", "english"]
+FrontEnd = str
 """What an engine's phonemizer needs done to a sentence before its ``prepare_text``, declared as
 an optional ``front_end`` attribute ("none" when absent); the result is also the sentence's
 cache key. "numbers": numbers, units and dates spelled out in the language they are written in
 (ChatTTS); "english": that in English, plus abbreviations, units without a number and Chinese
-names in pinyin (an English-only phonemizer: Piper, hibari)."""
+names in pinyin (an English-only phonemizer: Piper, hibari); a language code ("de"): that
+language's front end (``tts_bridge.text.language``), for a voice of one language; "none": the
+phonemizer reads the text itself. ``tts_bridge.text.voice.for_voice`` applies it.
+
+An engine whose phonemizer reads inline phonemes sets an optional ``lexicon_phonemes = True``
+attribute: the lexicon then gives it an entry's phonemes instead of its respelling."""
 
 
 @dataclass(frozen=True)
@@ -132,15 +135,16 @@ class Stages:
 
 
 @contextlib.contextmanager
-def timing_stages() -> Iterator[Stages]:
+def timing_stages(into: Stages | None = None) -> Iterator[Stages]:
     """Collect the stages engines record (``record_stage``) on this thread.
 
     The synthesizer wraps each sentence in this and reports the stages in its metrics (ChatTTS
-    ONNX: prefill, codes, decoder, vocoder). Per thread, like ``interruptible``: each worker
-    thread times its own sentence.
+    ONNX: prefill, codes, decoder, vocoder); the pipeline wraps each request's work in it too,
+    `into` the request's own stages. Per thread, like ``interruptible``: each worker thread
+    times its own sentence. Nested, the inner one collects until it ends, then the outer again.
     """
     previous = getattr(_STAGES, "current", None)
-    stages = Stages()
+    stages = into if into is not None else Stages()
     _STAGES.current = stages
     try:
         yield stages
@@ -155,6 +159,15 @@ def record_stage(stage: str, seconds: float) -> None:
     if stages is not None:
         stages.seconds[stage] = stages.seconds.get(stage, 0.0) + seconds
         stages.steps[stage] = stages.steps.get(stage, 0) + 1
+
+
+def record_first(stage: str, seconds: float) -> None:
+    """``stage`` took ``seconds``, unless it was recorded already for the sentence or request
+    timed on this thread (a point of the request's first sentence, not a sum)."""
+    stages: Stages | None = getattr(_STAGES, "current", None)
+    if stages is not None and stage not in stages.seconds:
+        stages.seconds[stage] = seconds
+        stages.steps[stage] = 1
 
 
 @runtime_checkable

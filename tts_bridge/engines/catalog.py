@@ -11,22 +11,22 @@ A declaration must be cheap to import: ``build`` and the other hooks import the 
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, get_origin
 
-from tts_bridge.engines.base import Engine, EngineError, Precision, SynthesisOptions, Tier
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from tts_bridge.engines.base import Engine, EngineError, SynthesisOptions, Tier
+from tts_bridge.engines.settings import Precision, VoiceSettings, use_voice_rules
 
 if TYPE_CHECKING:
-    from tts_bridge.config import VoiceSettings
-    from tts_bridge.engines.registry import EnginePool, Voice
-    from tts_bridge.hardware import OnnxSessionPlan
+    from tts_bridge.system.threads import OnnxSessionPlan
 
-    VoiceFactory = Callable[[str, VoiceSettings, Path | None], list[Voice]]
-    """Builds the voices of one configured voice: (its name, its settings, its model path)."""
 
 BUILTIN_MODULES = (
     "tts_bridge.engines.piper",
@@ -35,6 +35,10 @@ BUILTIN_MODULES = (
     "tts_bridge.engines.chattts",
 )
 """The modules whose import registers the engines that come with the bridge."""
+
+FALLBACK_FAST_VOICE = "heart"
+"""The fast voice "auto" stands for when a ChatTTS voice has no INT8 export: the bundled
+hibari voice (English only; Chinese text stays on ChatTTS)."""
 
 
 class UnknownEngineError(EngineError, LookupError):
@@ -84,6 +88,12 @@ def _plain_speaker(voice: VoiceSettings) -> str | None:
     return voice.speaker
 
 
+class NoVoiceOptions(BaseModel):
+    """The voice options of an engine that takes none beyond the ones every voice has."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
 @dataclass(frozen=True)
 class EngineSpec:
     """One engine kind as the bridge knows it."""
@@ -109,20 +119,24 @@ class EngineSpec:
     """Resident memory of the runtime itself, added to the model's estimate before loading."""
     options: type[SynthesisOptions] = SynthesisOptions
     """The synthesis options it takes (a voice's ``options`` and a request's overrides)."""
-    voice_keys: frozenset[str] = frozenset()
-    """Engine-specific voice settings it accepts (``spk_emb``, ``backend``)."""
+    voice_options: type[BaseModel] = NoVoiceOptions
+    """The schema of the voice keys only this engine takes (ChatTTS: spk_emb, backend), written
+    beside the common ones in voices.<name>; checked when a voice is configured."""
     speaker: Callable[[VoiceSettings], str | None] = _plain_speaker
     """The speaker a voice's settings name for this engine (default: ``speaker``)."""
     check_voice: Callable[[VoiceSettings], None] | None = None
-    """Checks a voice's settings when the configuration loads; raises ValueError."""
+    """Checks a voice's settings beyond its schema (ChatTTS: the embedding matches its SHA-256)
+    when the configuration loads; raises ValueError."""
     check_files: (
         Callable[[Path, Mapping[str, str] | None, Callable[[Path], str]], str | None] | None
     ) = check_model_file
     """Why a model may not load, given its expected hashes; None: it may, or the engine checks
     its files itself when it loads."""
-    voices: Callable[[EnginePool], VoiceFactory] | None = None
+    voices: Callable[[Any], Callable[[str, VoiceSettings, Path | None], list[Any]]] | None = None
     """Builds this kind's voices for one pool, when a configured voice is more than one engine
-    (ChatTTS: the backend it runs on, its INT8 fast tier); None: one voice on one engine."""
+    (ChatTTS: the backend it runs on, its INT8 fast tier); None: one voice on one engine.
+    Typed loosely here (an ``EnginePool`` to a ``registry.VoiceFactory``): the catalog sits
+    below the engine pool and does not name it."""
     auto_fast_voice: bool = False
     """Its voices may say ``fast_voice: auto`` (resolved by ``voices``)."""
 
@@ -188,3 +202,58 @@ def model_path(voice: VoiceSettings, models_dir: Path) -> Path | None:
         return voice.model if voice.model.is_absolute() else models_dir / voice.model
     bundled = spec(voice.engine).bundled_model
     return bundled() if bundled is not None else None
+
+
+def check_voice(voice: VoiceSettings) -> list[str]:
+    """Checks ``voice`` against its engine: a known kind, the keys it writes beside the common
+    ones in the engine's ``voice_options`` schema, then the engine's own ``check_voice``.
+    Raises ValueError whose message starts with the key it is about. Returns the keys of other
+    engines it leaves at their default (``backend: auto`` on a Piper voice, as the example file
+    writes every key): they mean "not set", and the voice forgets them."""
+    try:
+        found = spec(voice.engine)
+    except UnknownEngineError as exc:
+        raise ValueError(f"engine: {exc}") from None
+    given = voice.engine_options()
+    schema = found.voice_options
+    unset: list[str] = []
+    for key, value in given.items():
+        if key in schema.model_fields:
+            continue
+        takers = [k for k in kinds() if key in spec(k).voice_options.model_fields]
+        if takers and all(spec(k).voice_options.model_fields[key].default == value for k in takers):
+            unset.append(key)
+            continue
+        if takers:
+            # A choice (backend: torch) is worth repeating; a speaker embedding is not.
+            choice = get_origin(spec(takers[0]).voice_options.model_fields[key].annotation)
+            shown = f" {value!r}" if choice is Literal else ""
+            raise ValueError(f"{key}{shown} is only for engine {' or '.join(takers)}")
+        known = [*VoiceSettings.model_fields, *schema.model_fields]
+        close = difflib.get_close_matches(key, known, n=1)
+        raise ValueError(
+            f"{key}: unknown key" + (f" (did you mean {close[0]!r}?)" if close else "")
+        )
+    try:
+        schema.model_validate({k: v for k, v in given.items() if k not in unset})
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise ValueError(f"{where}: {first['msg']}" if where else first["msg"]) from None
+    if found.check_voice is not None:
+        found.check_voice(voice)
+    return unset
+
+
+class _Rules:
+    """The catalog as the voice settings ask it (see engines.settings.VoiceRules)."""
+
+    def check_voice(self, voice: VoiceSettings) -> list[str]:
+        return check_voice(voice)
+
+    def takes_auto_fast_voice(self, engine: str) -> bool:
+        found = find(engine)
+        return found is not None and found.auto_fast_voice
+
+
+use_voice_rules(_Rules())

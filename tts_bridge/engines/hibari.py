@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
-import logging
-import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from tts_bridge.engines.base import EngineError, FloatAudio, FrontEnd, SynthesisOptions
 from tts_bridge.engines.catalog import EngineContext, EngineSpec, register
-from tts_bridge.text.sentences import drop_chattts_tags
+from tts_bridge.engines.onnx_voice import OnnxVoice, new_session
 
-_LOGGER = logging.getLogger(__name__)
+if TYPE_CHECKING:
+    from tts_bridge.system.threads import OnnxSessionPlan
 
 BUNDLED_VOICE = "heart"
 SAMPLE_RATE = 24_000
@@ -31,7 +30,7 @@ def bundled_model() -> Path:
     return Path(spec.origin).parent / "assets" / "hibari.onnx"
 
 
-class HibariEngine:
+class HibariEngine(OnnxVoice):
     """One hibari model file. Other hibari voices download from a hub on first use, so only the
     bundled voice or an explicit local model file is accepted: nothing is fetched at run time."""
 
@@ -39,40 +38,22 @@ class HibariEngine:
     languages = LANGUAGES
     front_end: FrontEnd = "english"
 
-    def __init__(self, model: Path | None, model_sha256: str, threads: int) -> None:
-        self._model = model or bundled_model()
-        self._sha256 = model_sha256
-        self._threads = threads
-        self._tts: Any = None
-        self._lock = threading.Lock()
+    def __init__(self, model: Path | None, model_sha256: str, plan: OnnxSessionPlan) -> None:
+        super().__init__(model or bundled_model(), model_sha256, plan)
 
     @property
     def sample_rate(self) -> int:
         return SAMPLE_RATE
 
-    @property
-    def identity(self) -> str:
-        return f"hibari:{self._model.stem}:{self._sha256[:16]}"
+    def _open(self) -> Any:
+        from hibari import Hibari
 
-    @property
-    def loaded(self) -> bool:
-        return self._tts is not None
-
-    @staticmethod
-    def prepare_text(text: str) -> str:
-        # ChatTTS's control tags reach this voice when a ChatTTS voice's request is routed to
-        # it (the fast tier); read out, they are words ("uv break").
-        return drop_chattts_tags(text)
-
-    def load(self) -> None:
-        with self._lock:
-            if self._tts is not None:
-                return
-            from hibari import Hibari
-
-            # Passing model= keeps hibari from resolving (and downloading) a voice file itself.
-            self._tts = Hibari(voice=BUNDLED_VOICE, model=str(self._model), threads=self._threads)
-            _LOGGER.info("Loaded hibari model %s (%d threads)", self._model.name, self._threads)
+        # Passing model= keeps hibari from resolving (and downloading) a voice file itself.
+        tts = Hibari(voice=BUNDLED_VOICE, model=str(self._model), threads=1)
+        # hibari builds its session from a thread count alone; the one the plan makes (threads,
+        # spinning, arena) replaces it before any use (the model is a few MB: cheap to load).
+        tts.sess = new_session(self._model, self._plan)
+        return tts
 
     def synthesize(
         self, text: str, speaker: str | None, options: SynthesisOptions
@@ -81,19 +62,15 @@ class HibariEngine:
             raise EngineError(
                 f"hibari speaker {speaker!r} is not available offline; only {BUNDLED_VOICE!r} is"
             )
-        self.load()
+        tts = self.runtime()
         # A fixed seed makes hibari's noise component repeatable for the same text.
-        for chunk in self._tts.stream(text, speed=options.speed, seed=0):
+        for chunk in tts.stream(text, speed=options.speed, seed=0):
             yield np.asarray(chunk, dtype=np.float32)
-
-    def unload(self) -> None:
-        with self._lock:
-            self._tts = None
 
 
 def _build(context: EngineContext) -> HibariEngine:
     model = context.model
-    return HibariEngine(model, context.sha256(model), context.session.intra_op_threads)
+    return HibariEngine(model, context.sha256(model), context.session)
 
 
 SPEC = register(

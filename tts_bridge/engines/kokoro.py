@@ -15,7 +15,6 @@ import importlib.util
 import json
 import logging
 import re
-import threading
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,10 +23,10 @@ import numpy as np
 
 from tts_bridge.engines.base import EngineError, FloatAudio, FrontEnd, SynthesisOptions
 from tts_bridge.engines.catalog import EngineContext, EngineSpec, check_model_file, register
-from tts_bridge.text.sentences import drop_chattts_tags
+from tts_bridge.engines.onnx_voice import OnnxVoice, new_session
 
 if TYPE_CHECKING:
-    from tts_bridge.config import VoiceSettings
+    from tts_bridge.engines.settings import VoiceSettings
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -136,9 +135,9 @@ def split_phonemes(phonemes: str, limit: int = _MAX_TOKENS) -> list[str]:
     return [p for p in pieces if p]
 
 
-class KokoroEngine:
+class KokoroEngine(OnnxVoice):
     """One Kokoro model and its voices of one language. Loaded on first use; the session
-    honours the pool's onnxruntime plan (threads, spinning, arena)."""
+    follows the pool's onnxruntime plan (threads, spinning, arena)."""
 
     def __init__(self, context: EngineContext, language: str = "zh") -> None:
         self.language = language
@@ -148,37 +147,21 @@ class KokoroEngine:
         # phonemizer runs (misaki's own reading of "7:30" is 七:三十). English: the readings
         # the other English voices get (abbreviations, units, Chinese names in pinyin).
         self.front_end: FrontEnd = "numbers" if language == "zh" else "english"
-        self._model = context.model
+        model = context.model
+        self._bundled = model == bundled_model() if _installed() else False
+        sha256 = MODEL_SHA256 if self._bundled else context.sha256(model)
+        super().__init__(model, sha256, context.session)
         self._models_dir = context.models_dir
-        self._bundled = self._model == bundled_model() if _installed() else False
-        if self._bundled:
-            self._sha256 = MODEL_SHA256
-        else:
-            self._sha256 = context.sha256(self._model)
-        self._plan = context.session
-        self._session: Any = None
         self._vocab: dict[str, int] = {}
         self._styles: dict[str, np.ndarray[Any, np.dtype[np.float32]]] = {}
-        self._lock = threading.Lock()
 
     @property
     def sample_rate(self) -> int:
         return SAMPLE_RATE
 
     @property
-    def identity(self) -> str:
-        stem = "v1.0-int8" if self._bundled else self._model.stem
-        return f"{self.name}:{stem}:{self._sha256[:16]}"
-
-    @property
-    def loaded(self) -> bool:
-        return self._session is not None
-
-    @staticmethod
-    def prepare_text(text: str) -> str:
-        # ChatTTS's control tags reach this voice when a ChatTTS voice's request is routed to
-        # it (the fast tier); read out, they are words ("uv break").
-        return drop_chattts_tags(text)
+    def _stem(self) -> str:
+        return "v1.0-int8" if self._bundled else self._model.stem
 
     def _model_bytes(self) -> bytes:
         """The bundled model, its parts joined and checked against the published hash."""
@@ -196,34 +179,19 @@ class KokoroEngine:
             )
         return b"".join(parts)
 
-    def load(self) -> None:
-        with self._lock:
-            if self._session is not None:
-                return
-            import onnxruntime
+    def _open(self) -> Any:
+        for needed in ("misaki", "jieba", "pypinyin"):
+            if importlib.util.find_spec(needed) is None:
+                raise EngineError(
+                    f"the Chinese front end needs the package {needed} (misaki[zh]==0.9.4, "
+                    "installed by script/setup on Python 3.11 and 3.12)"
+                )
+        vocab = json.loads(self._verified("vocab.json"))
+        self._vocab = {str(k): int(v) for k, v in vocab["vocab"].items()}
+        return new_session(self._model_bytes() if self._bundled else self._model, self._plan)
 
-            from tts_bridge.engines.chattts.onnx_model import session_options
-
-            for needed in ("misaki", "jieba", "pypinyin"):
-                if importlib.util.find_spec(needed) is None:
-                    raise EngineError(
-                        f"the Chinese front end needs the package {needed} (misaki[zh]==0.9.4, "
-                        "installed by script/setup on Python 3.11 and 3.12)"
-                    )
-
-            plan = self._plan
-            options = session_options(
-                plan.intra_op_threads, arena=plan.arena, spinning=plan.spinning
-            )
-            source: bytes | str = self._model_bytes() if self._bundled else str(self._model)
-            vocab = json.loads(self._verified("vocab.json"))
-            self._vocab = {str(k): int(v) for k, v in vocab["vocab"].items()}
-            self._session = onnxruntime.InferenceSession(
-                source, sess_options=options, providers=["CPUExecutionProvider"]
-            )
-            _LOGGER.info(
-                "Loaded Kokoro model %s (%d threads)", self.identity, plan.intra_op_threads
-            )
+    def _forget(self) -> None:
+        self._styles.clear()
 
     def style(self, speaker: str) -> np.ndarray[Any, np.dtype[np.float32]]:
         """The style vectors of ``speaker``, verified against the shipped SHA-256 sums."""
@@ -289,7 +257,7 @@ class KokoroEngine:
     ) -> Iterator[FloatAudio]:
         from tts_bridge.text import espeak_ipa, mandarin
 
-        self.load()
+        session = self.runtime()
         styles = self.style(speaker or DEFAULT_SPEAKERS[self.language])
         chinese = self.language == "zh"
         phonemes = mandarin.to_phonemes(text) if chinese else espeak_ipa.english(text)
@@ -298,7 +266,7 @@ class KokoroEngine:
             if not ids:
                 continue
             row = styles[min(len(ids), len(styles) - 1)].reshape(1, _STYLE_DIM)
-            (audio,) = self._session.run(
+            (audio,) = session.run(
                 None,
                 {
                     "tokens": np.array([[0, *ids, 0]], dtype=np.int64),
@@ -307,11 +275,6 @@ class KokoroEngine:
                 },
             )
             yield trim_silence(np.asarray(audio, dtype=np.float32).ravel())
-
-    def unload(self) -> None:
-        with self._lock:
-            self._session = None
-            self._styles.clear()
 
 
 def _installed() -> bool:

@@ -4,17 +4,12 @@ when idle or when another model needs the memory.
 How a voice's engine is built is its kind's declaration (``catalog``); a kind whose voices are
 more than one engine builds them itself (ChatTTS's backends: ``engines/chattts/pool.py``).
 
-Memory: before a model loads, its need is estimated (the last measured resident size, else the
-size of its files times a factor); least recently used engines are unloaded until it fits the
-budget, and a model that cannot fit even alone is refused with a clear error rather than
-risking the out-of-memory killer. After loading, the measured RSS growth becomes the engine's
-resident size.
+Memory: residency.py decides when an engine is in memory (the budget, least recently used
+engines unloaded for room, loads measured); this module which engine a voice uses.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
-import gc
 import logging
 import os
 import threading
@@ -24,24 +19,19 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-import psutil
-
-from tts_bridge.config import AUTO_FAST_VOICE, Settings, VoiceSettings
+from tts_bridge.config import Settings
 from tts_bridge.engines import catalog
-from tts_bridge.engines.base import Engine, EngineError, Precision, Tier
+from tts_bridge.engines.base import Engine, EngineError, Tier
 from tts_bridge.engines.catalog import EngineContext
-from tts_bridge.hardware import OnnxSessionPlan
-from tts_bridge.manifests import FileHasher, ModelFileError
+from tts_bridge.engines.manifests import FileHasher, ModelFileError
+from tts_bridge.engines.residency import Residency, files_mb
+from tts_bridge.engines.settings import AUTO_FAST_VOICE, Precision, VoiceSettings
+from tts_bridge.system.threads import OnnxSessionPlan
 
 if TYPE_CHECKING:
-    from tts_bridge.engines.catalog import VoiceFactory
-    from tts_bridge.hardware import ThreadPlan
+    from tts_bridge.system.threads import ThreadPlan
 
 _LOGGER = logging.getLogger(__name__)
-
-# Resident memory per byte of model file before a measurement exists (onnxruntime and torch
-# keep roughly one copy of the weights plus their runtime; measured 3-4x for Piper and hibari).
-_FILE_TO_RSS = 4.0
 
 
 class UnknownVoiceError(LookupError):
@@ -50,10 +40,6 @@ class UnknownVoiceError(LookupError):
 
 class VoiceSetError(ValueError):
     """A set of voices that cannot be used together (see EnginePool.prepare_voices)."""
-
-
-class MemoryBudgetError(EngineError):
-    """A model does not fit the memory budget even with every other model unloaded."""
 
 
 class BackendFallbackError(EngineError):
@@ -89,6 +75,10 @@ class Voice:
         object.__setattr__(self, "spec", catalog.spec(self.settings.engine))
 
 
+VoiceFactory = Callable[[str, VoiceSettings, Path | None], list[Voice]]
+"""Builds the voices of one configured voice: (its name, its settings, its model path)."""
+
+
 @dataclass(frozen=True)
 class VoiceSet:
     """Voices built for new settings, not yet in use (see EnginePool.prepare_voices)."""
@@ -116,17 +106,9 @@ class _Fallback:
     """Why the engine failed to load, once it has."""
 
 
-def _files_mb(path: Path) -> float:
-    if path.is_dir():
-        total = sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
-    else:
-        total = path.stat().st_size
-    return total / 2**20
-
-
 def manifest_hashes(path: Path, models_dir: Path) -> dict[str, str] | None:
     """Expected SHA-256 per file (relative to the model's root) from the model manifests."""
-    from tts_bridge.manifests import ManifestError, find_manifest
+    from tts_bridge.engines.manifests import ManifestError, find_manifest
 
     manifest = find_manifest(path, models_dir)
     if manifest is None:
@@ -157,22 +139,23 @@ class EnginePool:
         memory_budget_mb: int | None = None,
         *,
         plan: ThreadPlan | None = None,
+        on_load: Callable[[Engine, float], None] | None = None,
+        on_unload: Callable[[Engine], None] | None = None,
     ) -> None:
+        """`on_load` is told each model loaded and its load time in seconds, `on_unload` each
+        one unloaded (the metrics)."""
         self._settings = settings
         self._hasher = FileHasher()
         self._lock = threading.RLock()
         self._engines: dict[tuple[str, str], Engine] = {}
         self._voices: dict[str, Voice] = {}
         self._default_voice = settings.default_voice
-        self._files_mb: dict[str, float] = {}
-        self._resident_mb: dict[str, float] = {}
-        self.load_seconds: dict[str, float] = {}
-        """How long each engine's last load took (identity -> seconds)."""
-        self._last_used: dict[str, float] = {}
-        self.memory_budget_mb = (
+        self.residency = Residency(
             settings.models.memory_budget_mb
             or memory_budget_mb
-            or (plan.memory_budget_mb if plan is not None else None)
+            or (plan.memory_budget_mb if plan is not None else None),
+            on_load=on_load,
+            on_unload=on_unload,
         )
         self.session = _session_plan(settings, threads, plan)
         """The onnxruntime session options every ONNX engine of this pool gets."""
@@ -190,16 +173,8 @@ class EnginePool:
         self._model_files: dict[int, tuple[Path, str]] = {}
         """Engine (by id) -> its one model file, the manifest's hash, the hash in its identity:
         verified again at every load."""
-        self._loader = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="model-load")
-        # Start its thread now, from the constructing (normal-priority) thread: an executor
-        # starts threads on first use, from whichever thread submits.
-        self._loader.submit(lambda: None).result()
         self.on_change: Callable[[], None] | None = None
         """Called after the voices changed while running (a backend fell back to torch)."""
-        self.on_load: Callable[[Engine, float], None] | None = None
-        """Called after a model loaded, with its load time in seconds (metrics)."""
-        self.on_unload: Callable[[Engine], None] | None = None
-        """Called after a model was unloaded (metrics)."""
         for name, voice in settings.voices.items():
             for built in self._build_configured(name, voice):
                 self._voices[built.name] = built
@@ -209,6 +184,15 @@ class EnginePool:
     @property
     def settings(self) -> Settings:
         return self._settings
+
+    @property
+    def memory_budget_mb(self) -> int | None:
+        return self.residency.memory_budget_mb
+
+    @property
+    def load_seconds(self) -> dict[str, float]:
+        """How long each engine's last load took (identity -> seconds)."""
+        return self.residency.load_seconds
 
     @property
     def models_dir(self) -> Path:
@@ -223,6 +207,12 @@ class EnginePool:
 
     def _build_configured(self, name: str, voice: VoiceSettings) -> list[Voice]:
         """The voices of one configured voice, its model path resolved and checked."""
+        try:
+            # Again here: settings validated before the catalog was imported were not.
+            if catalog.check_voice(voice):
+                voice = VoiceSettings.model_validate(voice.model_dump())  # forgets those keys
+        except ValueError as exc:
+            raise EngineError(f"voices.{name}: {exc}") from None
         model = voice.model
         if model is not None and not model.is_absolute():
             model = self._settings.models.dir / model
@@ -325,7 +315,7 @@ class EnginePool:
             )
             engine = spec.build(context)
             self._engines[key] = engine
-            self._files_mb[engine.identity] = _files_mb(path)
+            self.residency.files_mb[engine.identity] = files_mb(path)
             if spec.check_files is not None:
                 problem = spec.check_files(path, expected, self._hasher.sha256)
                 if problem:
@@ -397,26 +387,22 @@ class EnginePool:
         return list(self._engines.values())
 
     def loaded(self) -> list[str]:
-        return [e.identity for e in self._engines.values() if e.loaded]
+        """The engines in memory: loaded, or being unloaded with their memory not back yet."""
+        return [e.identity for e in self._resident()]
 
     def resident_mb(self) -> dict[str, float]:
-        """Measured resident size of each loaded engine."""
-        return {e.identity: self._resident_mb.get(e.identity, 0.0) for e in self._loaded()}
+        """Measured resident size of each engine in memory (see ``loaded``)."""
+        return self.residency.resident_mb(self._resident())
+
+    def _resident(self) -> list[Engine]:
+        return [e for e in self._engines.values() if e.loaded or self.residency.releasing(e)]
 
     def _loaded(self) -> list[Engine]:
         return [e for e in self._engines.values() if e.loaded]
 
-    def _need_mb(self, engine: Engine) -> float:
-        measured = self._resident_mb.get(engine.identity)
-        if measured:
-            return measured
-        spec = catalog.find(engine.name)
-        runtime = spec.runtime_mb if spec is not None else 100.0
-        return self._files_mb.get(engine.identity, 0.0) * _FILE_TO_RSS + runtime
-
     def on_loader(self, make: Callable[[], Any]) -> Any:
-        """``make()`` run on the loader thread (normal priority, see ``ensure_loaded``)."""
-        return self._loader.submit(make).result()
+        """``make()`` run on the loader thread (normal priority, see ``Residency.load``)."""
+        return self.residency.on_loader(make)
 
     def ensure_loaded(self, engine: Engine) -> None:
         """Load `engine` within the memory budget (unloading least recently used ones).
@@ -424,7 +410,7 @@ class EnginePool:
         Only verified models load: a file missing from the manifest or with another hash is
         refused (the identity includes the actual hash, so a changed file is never a cache hit).
         """
-        self._last_used[engine.identity] = time.monotonic()
+        self.residency.used(engine)
         if engine.loaded:
             return
         problem = self._unverified.get(engine.identity)
@@ -438,48 +424,13 @@ class EnginePool:
             if fallback is not None and fallback.failed is not None:
                 # A request validated before the switch still holds the old voice.
                 raise BackendFallbackError(fallback.failed)
-            budget = self.memory_budget_mb
-            need = self._need_mb(engine)
-            if budget is not None:
-                if need > budget:
-                    raise MemoryBudgetError(
-                        f"{engine.name} model needs about {need:.0f} MB; the memory budget is "
-                        f"{budget} MB (models.memory_budget_mb)"
-                    )
-                others = sorted(self._loaded(), key=lambda e: self._last_used.get(e.identity, 0))
-                while others and need + sum(self._need_mb(e) for e in others) > budget:
-                    victim = others.pop(0)
-                    _LOGGER.info(
-                        "Unloading %s to make room for %s (budget %d MB)",
-                        victim.identity,
-                        engine.identity,
-                        budget,
-                    )
-                    self._unload(victim)
-            before = psutil.Process().memory_info().rss
-            started = time.perf_counter()
+            self.residency.make_room(engine, self._loaded())
             try:
-                # On the loader thread (normal priority): runtimes start their worker threads
-                # while loading, and threads inherit the niceness of the thread creating them.
-                # Loaded from the idle thread (nice +10), every later live request would
-                # compute on deprioritized threads.
-                self._loader.submit(engine.load).result()
+                self.residency.load(engine)
             except Exception as exc:
                 if fallback is None:
                     raise
                 self._fall_back(engine, fallback, exc)
-            grown = max(0.0, (psutil.Process().memory_info().rss - before) / 2**20)
-            if grown > 1:
-                self._resident_mb[engine.identity] = grown
-            self.load_seconds[engine.identity] = time.perf_counter() - started
-            if self.on_load is not None:
-                self.on_load(engine, self.load_seconds[engine.identity])
-            _LOGGER.info(
-                "Loaded %s in %.2f s (+%.0f MB resident)",
-                engine.identity,
-                self.load_seconds[engine.identity],
-                grown,
-            )
 
     def _verify_model_file(self, engine: Engine) -> None:
         """The engine's model file as its identity says, checked at every load (after an idle
@@ -520,21 +471,11 @@ class EnginePool:
                 _LOGGER.exception("Reporting the fallback failed")
         raise BackendFallbackError(fallback.failed) from exc
 
-    def _unload(self, engine: Engine) -> None:
-        engine.unload()
-        gc.collect()
-        if self.on_unload is not None:
-            self.on_unload(engine)
-
     def unload_idle(self, idle_s: float, now: float | None = None) -> list[str]:
         """Unload engines unused for `idle_s` seconds; returns their identities."""
         now = time.monotonic() if now is None else now
-        dropped = []
         with self._lock:
-            for engine in self._loaded():
-                if now - self._last_used.get(engine.identity, now) >= idle_s:
-                    self._unload(engine)
-                    dropped.append(engine.identity)
+            dropped = self.residency.unload_idle(self._loaded(), idle_s, now)
         for identity in dropped:
             _LOGGER.info("Unloaded %s after %.0f s unused", identity, idle_s)
         return dropped
@@ -542,7 +483,7 @@ class EnginePool:
     def unload_all(self) -> None:
         with self._lock:
             for engine in self._loaded():
-                self._unload(engine)
+                self.residency.unload(engine)
 
 
 def _session_plan(
@@ -555,7 +496,8 @@ def _session_plan(
     synthesis = settings.synthesis
     intra = threads or synthesis.onnx_threads or len(os.sched_getaffinity(0))
     if synthesis.onnx_spinning == "auto":
-        from tts_bridge.hardware import choose_spinning, detect_hardware
+        from tts_bridge.system.hardware import detect_hardware
+        from tts_bridge.system.threads import choose_spinning
 
         spinning, _ = choose_spinning(
             "auto", detect_hardware(), threads=intra, concurrency=synthesis.workers or 1

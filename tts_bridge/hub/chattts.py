@@ -20,9 +20,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TextIO
 
-from tts_bridge import manifests
-from tts_bridge.config import AUTO_FAST_VOICE, Settings
+from tts_bridge.config import Settings
+from tts_bridge.engines import manifests
 from tts_bridge.engines.chattts.torch_engine import CHECKPOINT_FILES, SPK_STAT_FILE
+from tts_bridge.engines.manifests import ModelFileError
+from tts_bridge.engines.settings import AUTO_FAST_VOICE
 from tts_bridge.hub.fetch import (
     HubError,
     RemoteFile,
@@ -36,7 +38,6 @@ from tts_bridge.hub.fetch import (
 )
 from tts_bridge.hub.layout import CHATTTS_DIR, CHATTTS_ONNX_DIR, STAGING_DIR
 from tts_bridge.hub.progress import Progress
-from tts_bridge.manifests import ModelFileError
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -315,7 +316,7 @@ def _default_voice(settings: Settings, say: _Say) -> None:
         say(f"voice {DEFAULT_VOICE!r} exists; kept as it is")
         return
     from tts_bridge.engines.base import EngineError
-    from tts_bridge.voices_file import VoicesFileError, chattts_voice_from_seed, write_voice
+    from tts_bridge.engines.voices_file import VoicesFileError, chattts_voice_from_seed, write_voice
 
     try:
         entry = chattts_voice_from_seed(settings, DEFAULT_SEED, Path(CHATTTS_DIR), AUTO_FAST_VOICE)

@@ -14,9 +14,8 @@ import logging
 from pathlib import Path
 from typing import TextIO
 
-from tts_bridge import manifests
 from tts_bridge.config import Settings
-from tts_bridge.engines import kokoro
+from tts_bridge.engines import kokoro, manifests
 from tts_bridge.hub.fetch import HubError, Staging, check_space, confirm, endpoint, mb, remote_files
 from tts_bridge.hub.layout import KOKORO_VOICES_DIR
 from tts_bridge.hub.progress import Progress
@@ -70,7 +69,7 @@ def download_kokoro_voice(
     entry = {"engine": kind, "speaker": name, "description": f"Kokoro v1.0 {name}"}
     voice = add_voice or name
     if add_voice is not None:
-        from tts_bridge.voices_file import VoicesFileError, write_voice
+        from tts_bridge.engines.voices_file import VoicesFileError, write_voice
 
         try:
             write_voice(settings.voices_file, add_voice, entry)

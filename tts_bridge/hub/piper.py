@@ -22,8 +22,8 @@ from typing import Any, TextIO
 
 import yaml
 
-from tts_bridge import manifests
-from tts_bridge.config import NAME_PATTERN, Settings
+from tts_bridge.config import Settings
+from tts_bridge.engines import manifests
 from tts_bridge.hub.fetch import (
     HubError,
     RemoteFile,
@@ -35,6 +35,7 @@ from tts_bridge.hub.fetch import (
 )
 from tts_bridge.hub.layout import PIPER_DIR, piper_model, piper_model_name
 from tts_bridge.hub.progress import Progress
+from tts_bridge.settings_base import NAME_PATTERN
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -271,7 +272,7 @@ def _download(
 
 def _write_voice(settings: Settings, name: str, entry: Mapping[str, str]) -> None:
     """Add the voice to the voices file (merged with the configured voices, as `voices new`)."""
-    from tts_bridge.voices_file import VoicesFileError, write_voice
+    from tts_bridge.engines.voices_file import VoicesFileError, write_voice
 
     try:
         write_voice(settings.voices_file, name, entry)

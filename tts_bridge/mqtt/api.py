@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from tts_bridge.config import Settings
+from tts_bridge.control.actions import Control
+from tts_bridge.control.errors import ControlError
 from tts_bridge.engines.registry import UnknownVoiceError
 from tts_bridge.mqtt.client import IncomingMessage
 from tts_bridge.mqtt.frontend import MqttFrontEnd, shared
@@ -20,10 +22,9 @@ from tts_bridge.mqtt.outbox import Outbox, ReplyTo
 from tts_bridge.mqtt.protocol import ProtocolError, api_response, parse_api_request
 from tts_bridge.mqtt.reports import Reports
 from tts_bridge.speech.pipeline import Pipeline, SpeechError
-from tts_bridge.speech.preferences import Preferences, PreferencesError
+from tts_bridge.speech.preferences import Preferences
 from tts_bridge.speech.synthesis import RequestError
 from tts_bridge.speech.voice_admin import VoiceAdminError
-from tts_bridge.text.lexicon import LexiconError
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -59,7 +60,12 @@ class BridgeApi(MqttFrontEnd):
         pipeline: Pipeline,
         reports: Reports,
         preferences: Preferences,
+        *,
+        control: Control | None = None,
+        more: Mapping[str, Callable[[dict[str, Any]], Any]] | None = None,
     ) -> None:
+        """`control`: the actions this serves (shared with the other doors), by default its own;
+        `more`: requests served beside the bridge's own (the voice administration's)."""
         self._settings = settings
         self._outbox = outbox
         self._pipeline = pipeline
@@ -67,20 +73,24 @@ class BridgeApi(MqttFrontEnd):
         self._preferences = preferences
         self.topics = outbox.topics
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="api")
-        synth = pipeline.synthesizer
+        self.control = control or Control(pipeline, preferences, reports.publish_info)
+        actions = self.control
         self.requests: dict[str, Callable[[dict[str, Any]], Any]] = {
             "health_check": lambda _: {"healthy": True, **reports.health()},
             "voices": lambda _: reports.info()["voices"],
-            "cache/stats": lambda _: synth.cache.stats(),
-            "cache/clear": lambda _: {"removed": synth.cache.clear()},
-            "prerender": self._prerender,
-            "default_voice": self._default_voice,
-            "lexicon": lambda _: {"entries": synth.pronunciations.entries()},
-            "lexicon/set": self._lexicon_set,
-            "lexicon/remove": self._lexicon_remove,
-            "chimes": lambda _: {
-                "chimes": [{"name": c.name, "source": c.source} for c in synth.chimes.list()]
-            },
+            "cache/stats": actions.cache_stats,
+            "cache/clear": actions.cache_clear,
+            "cache/remove": actions.cache_remove,
+            "phrases": actions.phrases,
+            "phrases/set": actions.phrases_set,
+            "phrases/remove": actions.phrases_remove,
+            "prerender": actions.prerender,
+            "default_voice": actions.default_voice,
+            "lexicon": actions.lexicon,
+            "lexicon/set": actions.lexicon_set,
+            "lexicon/remove": actions.lexicon_remove,
+            "chimes": actions.chimes,
+            **(more or {}),
         }
 
     def subscriptions(self) -> list[str]:
@@ -119,7 +129,14 @@ class BridgeApi(MqttFrontEnd):
                     "unknown_request", f"unknown bridge request {name[:64]!r}; known: {known}"
                 )
             body = api_response("ok", handler(args), transaction)
-        except (ApiError, ProtocolError, RequestError, SpeechError, VoiceAdminError) as exc:
+        except (
+            ApiError,
+            ControlError,
+            ProtocolError,
+            RequestError,
+            SpeechError,
+            VoiceAdminError,
+        ) as exc:
             _LOGGER.warning("Bridge request %s refused: %s", name[:64], exc)
             body = api_response("error", {}, transaction, str(exc), getattr(exc, "code", None))
         except UnknownVoiceError as exc:
@@ -128,60 +145,3 @@ class BridgeApi(MqttFrontEnd):
             _LOGGER.exception("Bridge request %s failed", name[:64])
             body = api_response("error", {}, transaction, type(exc).__name__, "internal_error")
         self._outbox.answer(answer_name(name), body, ReplyTo.of(message))
-
-    def _prerender(self, args: dict[str, Any]) -> dict[str, Any]:
-        phrases = args.get("phrases", args.get("value"))
-        if isinstance(phrases, str):
-            phrases = [phrases]
-        if (
-            not isinstance(phrases, list)
-            or not phrases
-            or not all(isinstance(p, str) for p in phrases)
-        ):
-            raise ApiError("invalid_request", "'phrases' must be a non-empty list of strings")
-        voice = args.get("voice")
-        if voice is not None and not isinstance(voice, str):
-            raise ApiError("invalid_request", "'voice' must be a string")
-        idle = self._pipeline.idle
-        queued = idle.request_prerender(phrases, voice)
-        self._pipeline.scheduler.wake_background()
-        return {"queued_sentences": queued, "pending": idle.pending()}
-
-    def _lexicon_set(self, args: dict[str, Any]) -> dict[str, Any]:
-        word, say, phonemes = args.get("word"), args.get("say"), args.get("phonemes")
-        if not isinstance(word, str) or not isinstance(say, str):
-            raise ApiError("invalid_request", 'give {"word": ..., "say": ...} as strings')
-        if phonemes is not None and not isinstance(phonemes, str):
-            raise ApiError("invalid_request", "'phonemes' must be a string")
-        try:
-            entry, saved = self._pipeline.synthesizer.pronunciations.set(word, say, phonemes)
-        except LexiconError as exc:
-            raise ApiError("invalid_request", str(exc)) from None
-        _LOGGER.info("Lexicon: %r is said %r", entry.word, entry.say)
-        found = {"phonemes": entry.phonemes} if entry.phonemes else {}
-        return {"word": entry.word, "say": entry.say, **found, "saved": saved}
-
-    def _lexicon_remove(self, args: dict[str, Any]) -> dict[str, Any]:
-        word = args.get("word", args.get("value"))
-        if not isinstance(word, str):
-            raise ApiError("invalid_request", 'give the word (plain text or {"word": ...})')
-        try:
-            saved = self._pipeline.synthesizer.pronunciations.remove(word)
-        except LexiconError as exc:
-            raise ApiError("invalid_request", str(exc)) from None
-        _LOGGER.info("Lexicon: %r removed", word[:64])
-        return {"removed": word, "saved": saved}
-
-    def _default_voice(self, args: dict[str, Any]) -> dict[str, Any]:
-        name = args.get("voice", args.get("value"))
-        if not isinstance(name, str):
-            raise ApiError("invalid_request", 'give the voice name (plain text or {"voice": …})')
-        self._pipeline.synthesizer.engines.set_default_voice(name)
-        self._reports.publish_info()
-        try:
-            self._preferences.save_default_voice(name)
-        except PreferencesError as exc:
-            # The voice is in use now either way; only the next start will not know it.
-            _LOGGER.error("The default voice %s is not saved for the next start: %s", name, exc)
-            return {"default_voice": name, "saved": False}
-        return {"default_voice": name, "saved": True}

@@ -22,13 +22,13 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from tts_bridge.config import Settings
-from tts_bridge.faults import LogThrottle
 from tts_bridge.mqtt.client import IncomingMessage, OutgoingMessage
 from tts_bridge.mqtt.frontend import MqttFrontEnd
 from tts_bridge.mqtt.journal import DEFAULT_MAX_ATTEMPTS, Journal
 from tts_bridge.mqtt.outbox import Connection, Outbox
 from tts_bridge.mqtt.say import SayFrontEnd
 from tts_bridge.speech.pipeline import Pipeline
+from tts_bridge.system.faults import LogThrottle
 from tts_bridge.wire import encode_json
 
 _LOGGER = logging.getLogger(__name__)
@@ -139,9 +139,6 @@ class Bridge:
             "answers_not_authorized": self._say.refused_deliveries,
         }
 
-    def wait_connected(self, timeout_s: float) -> bool:
-        return self._connection.connected.wait(timeout_s)
-
     def _resume(self) -> None:
         """Serve what was accepted (and acked) but not answered before the last stop; answer
         with an error what was resumed too often already (it likely stopped the bridge)."""
@@ -152,10 +149,10 @@ class Bridge:
         resumed = journal.resume(max_attempts=DEFAULT_MAX_ATTEMPTS)
         for entry in resumed.poison:
             self._say.retire(entry, entry.attempts)
-        if resumed.entries:
-            _LOGGER.info("Resuming %d unfinished request(s) from the journal", len(resumed.entries))
-        for entry in resumed.entries:
-            self._say.resume(entry)
+        count = len(resumed.entries) + len(resumed.suspects)
+        if count:
+            _LOGGER.info("Resuming %d unfinished request(s) from the journal", count)
+        self._say.resume_all(resumed.entries, resumed.suspects)
 
     def _retry_journal(self, now: float) -> None:
         """Open the journal that could not be opened at start, then resume what it holds."""

@@ -1,8 +1,8 @@
 """The bridge's MQTT 5 connection (paho-mqtt 2.x): Last Will, reconnect, subscriptions.
 
 paho runs its network loop on its own thread and silently stops that loop when a callback raises,
-so every callback here catches everything and logs it. The message handler must only parse and
-enqueue: inference never runs on the network thread.
+so every callback is set through ``callbacks.attach``, which catches and logs. The message
+handler must only parse and enqueue: inference never runs on the network thread.
 
 Faults the broker reports are made visible:
 
@@ -35,9 +35,11 @@ from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
+from paho.mqtt.subscribeoptions import SubscribeOptions
 
-from tts_bridge.config import MqttSettings
-from tts_bridge.faults import LogThrottle
+from tts_bridge.mqtt import callbacks
+from tts_bridge.mqtt.settings import MqttSettings
+from tts_bridge.system.faults import LogThrottle
 
 _LOGGER = logging.getLogger(__name__)
 _SESSION_TAKEN_OVER = 142
@@ -192,18 +194,25 @@ class MqttConnection:
         self._on_message: Callable[[IncomingMessage], None] = lambda message: None
         self._on_connected: Callable[[], None] = lambda: None
         self.connected = threading.Event()
+        self.subscribed = threading.Event()
+        """Set once the broker acknowledged this connection's subscriptions: from then on a
+        request published by anyone reaches the bridge (one sent before may find no subscriber
+        and, at QoS 0, be dropped by the broker)."""
         self.max_packet_size: int | None = None
         self.connects = 0
         client = new_client(settings, client_id=settings.client_id, manual_ack=True)
         client.max_queued_messages_set(settings.max_queued_messages)
         client.will_set(will.topic, will.payload, qos=will.qos, retain=will.retain)
         client.reconnect_delay_set(min_delay=1, max_delay=settings.reconnect_max_delay_s)
-        client.on_connect = self._handle_connect
-        client.on_disconnect = self._handle_disconnect
-        client.on_message = self._handle_message
-        client.on_subscribe = self._handle_subscribe
-        client.on_connect_fail = self._handle_connect_fail
-        client.on_publish = self._handle_publish
+        callbacks.attach(
+            client,
+            connected=self._handle_connect,
+            disconnected=self._handle_disconnect,
+            received=self._handle_message,
+            subscribed=self._handle_subscribe,
+            connect_failed=self._handle_connect_fail,
+            published=self._handle_publish,
+        )
         self._last_failure: str | None = None
         self._last_refusal: str | None = None
         """The reason name of the last refused connect, logged once as an error."""
@@ -350,66 +359,61 @@ class MqttConnection:
             except Exception:
                 _LOGGER.exception("Error in a publish result handler for %s", topic)
 
-    # paho callbacks: each one must never raise (paho would stop its network loop).
+    # paho callbacks (set by callbacks.attach, which logs whatever they raise).
 
     def _handle_connect(
-        self,
-        client: mqtt.Client,
-        userdata: Any,
-        flags: mqtt.ConnectFlags,
-        reason: ReasonCode,
-        properties: Properties | None,
+        self, reason: ReasonCode, flags: mqtt.ConnectFlags, properties: Properties | None
     ) -> None:
-        try:
-            if reason.is_failure:
-                self._refused_connect = True
-                name = reason.getName()
-                # paho retries every few seconds: the reason is an error once, and a debug
-                # line at each retry after that (until it changes or a connection succeeds).
-                if name == self._last_refusal:
-                    _LOGGER.debug("Broker refused the connection again: %s", name)
-                    return
-                self._last_refusal = name
-                _LOGGER.error(
-                    "Broker %s:%d refused the connection: %s%s; retrying",
-                    self._settings.host,
-                    self._settings.port,
-                    name,
-                    _refusal_hint(reason.value, self._settings.username),
-                )
+        if reason.is_failure:
+            self._refused_connect = True
+            name = reason.getName()
+            # paho retries every few seconds: the reason is an error once, and a debug
+            # line at each retry after that (until it changes or a connection succeeds).
+            if name == self._last_refusal:
+                _LOGGER.debug("Broker refused the connection again: %s", name)
                 return
-            self._refused_connect = False
-            self._last_refusal = None
-            self.connects += 1
-            self._connected_at = time.monotonic()
-            self.max_packet_size = getattr(properties, "MaximumPacketSize", None)
-            _LOGGER.info(
-                "Connected to the broker (session present: %s%s)",
-                flags.session_present,
-                f", maximum packet size {self.max_packet_size}" if self.max_packet_size else "",
+            self._last_refusal = name
+            _LOGGER.error(
+                "Broker %s:%d refused the connection: %s%s; retrying",
+                self._settings.host,
+                self._settings.port,
+                name,
+                _refusal_hint(reason.value, self._settings.username),
             )
-            # Subscribing again is harmless when the session kept them, and needed when not.
-            for topic in self._subscriptions:
-                client.subscribe(topic, qos=1)
-            self.connected.set()
-            self._on_connected()
-        except Exception:
-            _LOGGER.exception("Error while handling the connection")
+            return
+        self._refused_connect = False
+        self._last_refusal = None
+        self.connects += 1
+        self._connected_at = time.monotonic()
+        self.max_packet_size = getattr(properties, "MaximumPacketSize", None)
+        _LOGGER.info(
+            "Connected to the broker (session present: %s%s)",
+            flags.session_present,
+            f", maximum packet size {self.max_packet_size}" if self.max_packet_size else "",
+        )
+        # Subscribing again is harmless when the session kept them, and needed when not. One
+        # SUBSCRIBE for all, so one SUBACK says they are all in place.
+        self.subscribed.clear()
+        if self._subscriptions:
+            self._client.subscribe(
+                [(topic, SubscribeOptions(qos=1)) for topic in self._subscriptions]
+            )
+        else:
+            self.subscribed.set()
+        self.connected.set()
+        self._on_connected()
 
-    def _handle_connect_fail(self, client: mqtt.Client, userdata: Any) -> None:
+    def _handle_connect_fail(self) -> None:
         # paho retries silently and does not say why; find out once per distinct reason.
-        try:
-            reason = self._diagnose()
-            if reason != self._last_failure:
-                _LOGGER.error(
-                    "Cannot connect to %s:%d: %s; retrying",
-                    self._settings.host,
-                    self._settings.port,
-                    reason,
-                )
-                self._last_failure = reason
-        except Exception:
-            _LOGGER.exception("Error while handling a failed connection")
+        reason = self._diagnose()
+        if reason != self._last_failure:
+            _LOGGER.error(
+                "Cannot connect to %s:%d: %s; retrying",
+                self._settings.host,
+                self._settings.port,
+                reason,
+            )
+            self._last_failure = reason
 
     def _diagnose(self) -> str:
         """Why a TCP (and TLS) connection to the broker fails, in words."""
@@ -435,33 +439,22 @@ class MqttConnection:
         except OSError as exc:
             return exc.strerror or str(exc)
 
-    def _handle_disconnect(
-        self,
-        client: mqtt.Client,
-        userdata: Any,
-        flags: mqtt.DisconnectFlags,
-        reason: ReasonCode,
-        properties: Properties | None,
-    ) -> None:
+    def _handle_disconnect(self, reason: ReasonCode) -> None:
         self.connected.clear()
-        try:
-            lasted = (
-                time.monotonic() - self._connected_at if self._connected_at is not None else None
-            )
-            self._connected_at = None
-            if self._refused_connect:
-                # The refusal said why; paho's "Protocol error" for the closed socket would
-                # only mislead.
-                _LOGGER.debug("Disconnected after a refused connection: %s", reason.getName())
-                return
-            if self._taken_over(reason, lasted):
-                return
-            if reason.is_failure:
-                _LOGGER.warning("Disconnected from the broker: %s; reconnecting", reason.getName())
-            else:
-                _LOGGER.info("Disconnected from the broker")
-        except Exception:
-            _LOGGER.exception("Error while handling a disconnect")
+        self.subscribed.clear()
+        lasted = time.monotonic() - self._connected_at if self._connected_at is not None else None
+        self._connected_at = None
+        if self._refused_connect:
+            # The refusal said why; paho's "Protocol error" for the closed socket would
+            # only mislead.
+            _LOGGER.debug("Disconnected after a refused connection: %s", reason.getName())
+            return
+        if self._taken_over(reason, lasted):
+            return
+        if reason.is_failure:
+            _LOGGER.warning("Disconnected from the broker: %s; reconnecting", reason.getName())
+        else:
+            _LOGGER.info("Disconnected from the broker")
 
     def _taken_over(self, reason: ReasonCode, lasted: float | None) -> bool:
         """Diagnose a client id collision and back off; True when this disconnect was one."""
@@ -501,42 +494,24 @@ class MqttConnection:
             min_delay=delay, max_delay=max(delay, self._settings.reconnect_max_delay_s)
         )
 
-    def _handle_publish(
-        self,
-        client: mqtt.Client,
-        userdata: Any,
-        mid: int,
-        reason: ReasonCode,
-        properties: Properties | None,
-    ) -> None:
-        try:
-            code, name = int(reason.value), reason.getName()
-            with self._results_lock:
-                pending = self._pending.pop(mid, None)
-                if pending is None:
-                    self._early[mid] = (code, name)  # publish() has not registered it yet
-                    return
-            topic, on_result, _ = pending
-            self._report(topic, mid, code, name, on_result)
-        except Exception:
-            _LOGGER.exception("Error while handling a publish acknowledgement")
+    def _handle_publish(self, mid: int, reason: ReasonCode) -> None:
+        code, name = int(reason.value), reason.getName()
+        with self._results_lock:
+            pending = self._pending.pop(mid, None)
+            if pending is None:
+                self._early[mid] = (code, name)  # publish() has not registered it yet
+                return
+        topic, on_result, _ = pending
+        self._report(topic, mid, code, name, on_result)
 
-    def _handle_subscribe(
-        self,
-        client: mqtt.Client,
-        userdata: Any,
-        mid: int,
-        reasons: list[ReasonCode],
-        properties: Properties | None,
-    ) -> None:
-        try:
-            for reason in reasons:
-                if reason.is_failure:
-                    _LOGGER.error("Subscription refused by the broker: %s", reason.getName())
-        except Exception:
-            _LOGGER.exception("Error while handling a subscription")
+    def _handle_subscribe(self, reasons: list[ReasonCode]) -> None:
+        for reason in reasons:
+            if reason.is_failure:
+                _LOGGER.error("Subscription refused by the broker: %s", reason.getName())
+        # The connection's only SUBSCRIBE (sent on each connect) is acknowledged.
+        self.subscribed.set()
 
-    def _handle_message(self, client: mqtt.Client, userdata: Any, msg: mqtt.MQTTMessage) -> None:
+    def _handle_message(self, msg: mqtt.MQTTMessage) -> None:
         try:
             props = getattr(msg, "properties", None)
             response_topic = getattr(props, "ResponseTopic", None) if props else None

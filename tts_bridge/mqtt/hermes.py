@@ -14,7 +14,7 @@ from tts_bridge.mqtt.client import IncomingMessage, OutgoingMessage
 from tts_bridge.mqtt.frontend import MqttFrontEnd
 from tts_bridge.mqtt.outbox import Outbox
 from tts_bridge.speech.pipeline import Pipeline, SpeechError, SpeechJob
-from tts_bridge.textlog import short
+from tts_bridge.textlog import short, size
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -58,31 +58,34 @@ class HermesFrontEnd(MqttFrontEnd):
             self._error(exc, str(exc))
             return
         try:
-            job = self._pipeline.prepare(
-                say.id,
-                say.text,
-                voice=self._settings.hermes.voice,
-                lang=say.language,
-                target=say.site_id,
-                received=time.monotonic(),
-                door="hermes",
+            speech = hermes_protocol.speech_request(
+                say, self._settings.hermes.voice, time.monotonic()
             )
+            job = self._pipeline.prepare(speech)
         except SpeechError as exc:
             self._error(say, str(exc))
             return
-        _LOGGER.info("Hermes request %s for site %s: %s", say.id, say.site_id, short(say.text))
+        _LOGGER.info(
+            "Hermes request %s for site %s: %s, %s, %d sentence(s)",
+            say.id,
+            say.site_id,
+            job.route.voice.name,
+            size(say.text),
+            len(job.plan.sentences),
+        )
+        _LOGGER.debug("Hermes request %s text: %s", say.id, short(say.text))
         admission = self._pipeline.submit(job, lambda job: self._serve(job, say))
         if not admission:
             self._error(say, admission.message)
 
     def _serve(self, job: SpeechJob, say: hermes_protocol.HermesSay) -> None:
         try:
-            rendering = self._pipeline.render(job, volume=say.volume)
+            rendering = self._pipeline.render(job)
         except SpeechError as exc:
             _LOGGER.warning("Hermes request %s failed: %s", say.id, exc)
             self._error(say, f"synthesis failed: {exc}")
             return
-        self._pipeline.count_answer(job.route.tier, door="hermes")
+        self._pipeline.count_answer(job.route.tier, door="hermes", voice=rendering.voice)
         self._outbox.publish(
             OutgoingMessage(hermes_protocol.play_bytes_topic(say.site_id, say.id), rendering.wav)
         )

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from tts_bridge.speech.request import SpeechRequest
 from tts_bridge.wire import JsonTooDeepError, encode_json, load_json
 
 _LOGGER = logging.getLogger(__name__)
@@ -76,6 +77,20 @@ class HermesSay:
         if not self.lang:
             return None
         return re.split(r"[-_]", self.lang, maxsplit=1)[0].lower()
+
+
+def speech_request(say: HermesSay, voice: str | None, received: float) -> SpeechRequest:
+    """The speech core's request for a Hermes say, spoken by `voice` (hermes.voice)."""
+    return SpeechRequest(
+        id=say.id,
+        text=say.text,
+        voice=voice,
+        language=say.language,
+        door="hermes",
+        target=say.site_id,
+        volume=say.volume,
+        received=received,
+    )
 
 
 def _is_level(value: str) -> bool:

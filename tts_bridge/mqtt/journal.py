@@ -23,10 +23,15 @@ broker, which delivers it again; at-least-once holds, only without the journal's
 journal logs one warning per condition and tries again at every accept(), so it recovers by
 itself when space returns; answers it could not record meanwhile are recorded then.
 
-At start, ``resume(max_attempts)`` hands back the unfinished entries to serve again, each with
-the number of times it was resumed before, and separately the ones resumed ``max_attempts``
-times without finishing: a request that kills the bridge (out of memory, say) would otherwise
-be resumed, and kill it, at every start. Answer those with an error and finish() them.
+An attempt is counted when an entry's synthesis starts: ``started(entry_id)``, committed as
+durably as accept() before the engine runs. An unfinished entry with an attempt was in synthesis
+when a process died. At start, ``resume(max_attempts)`` hands back the unfinished entries in
+three groups: the waiting ones, never started (their count stays 0: they stopped nothing); the
+suspects, started and never finished (serve them after the waiting ones, one at a time, fewest
+attempts first, so that a request that kills the bridge (out of memory, say) cannot take the
+others with it, and one of a batch that died together is told from the rest); and the poison
+ones, started ``max_attempts`` times without finishing: answer those with an error and finish()
+them.
 
 What is not covered: a crash after the audio went out but before finish() committed speaks that
 request again after restart (publish and commit cannot be one atomic step; finishing first would
@@ -41,7 +46,6 @@ import enum
 import hashlib
 import json
 import logging
-import os
 import sqlite3
 import threading
 import time
@@ -51,54 +55,25 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
-from tts_bridge.durable import fsync_dir
-from tts_bridge.faults import FaultCondition
+from tts_bridge.mqtt.journal_file import JournalError, open_file
+from tts_bridge.system.faults import FaultCondition
+
+__all__ = [
+    "DEFAULT_MAX_ATTEMPTS",
+    "AcceptResult",
+    "AcceptStatus",
+    "Journal",
+    "JournalEntry",
+    "JournalError",
+    "Resumed",
+    "request_key",
+]
 
 _LOGGER = logging.getLogger(__name__)
 
-# Marks the file as ours, so a journal path pointed at some other SQLite file (the sentence cache,
-# say) is refused instead of having tables added to it. "TTSJ" in ASCII.
-_APPLICATION_ID = 0x5454534A
-_SCHEMA_VERSION = 2
 DEFAULT_MAX_ATTEMPTS = 3
-"""Times an unfinished entry is resumed before resume() hands it back as poison."""
-_MIGRATIONS = {
-    # version -> the script that brings a journal of that version to the next one
-    1: "ALTER TABLE entries ADD COLUMN attempts INTEGER NOT NULL DEFAULT 0;",
-}
-_SCHEMA = """
-CREATE TABLE entries (
-    -- AUTOINCREMENT: an id is never reused after prune, so a stale id can never finish a newer
-    -- request.
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    -- Not unique: identical plain-text announcements that are not redeliveries share a key and
-    -- each gets its own entry (see request_key).
-    key TEXT NOT NULL,
-    topic TEXT NOT NULL,
-    payload BLOB NOT NULL,
-    response_topic TEXT,
-    correlation_data BLOB,
-    received_at REAL NOT NULL,
-    finished_at REAL,
-    outcome TEXT,
-    -- How often the entry was handed back by resume() without being finished since.
-    attempts INTEGER NOT NULL DEFAULT 0
-);
-CREATE INDEX entries_by_key ON entries (key, id);
-CREATE INDEX entries_unfinished ON entries (id) WHERE finished_at IS NULL;
-"""
-
-
-class JournalError(Exception):
-    """The journal cannot be opened or written; ``path`` is the journal file.
-
-    At start this usually means a damaged file or one that is not a journal: move it aside and
-    start with an empty journal (its unfinished requests are lost, which the log should say).
-    """
-
-    def __init__(self, path: Path, message: str) -> None:
-        super().__init__(f"request journal {path}: {message}")
-        self.path = path
+"""Times an entry's synthesis starts without it finishing before resume() hands it back as
+poison."""
 
 
 class AcceptStatus(enum.Enum):
@@ -140,7 +115,7 @@ class JournalEntry:
     received_at: float
     """Wall-clock seconds (time.time()), so that it still means something after a restart."""
     attempts: int = 0
-    """Times resume() handed it back before without it being finished."""
+    """Times its synthesis started without it being finished."""
 
 
 @dataclass(frozen=True)
@@ -148,10 +123,14 @@ class Resumed:
     """What resume() hands back at start."""
 
     entries: list[JournalEntry]
-    """Serve these again, oldest first (their attempt is already counted)."""
+    """Never started: serve these again first, oldest first."""
+    suspects: list[JournalEntry]
+    """Started and never finished, so in synthesis when a process stopped (they may have
+    stopped it): serve these after the waiting ones, one at a time, in this order (fewest
+    attempts first, then oldest)."""
     poison: list[JournalEntry]
-    """Resumed ``max_attempts`` times and never finished: answer each with an error (code
-    ``poison_request``) and finish() it, do not serve it again."""
+    """Synthesis started ``max_attempts`` times and never finished: answer each with an error
+    (code ``poison_request``) and finish() it, do not serve it again."""
 
 
 def request_key(
@@ -235,105 +214,7 @@ class Journal:
         # transaction that works (until then a restart would serve them again).
         self._unwritten: dict[int, str] = {}
         self._after_commit: list[Callable[[], object]] = []
-        self._prepare_file()
-        self._connection: sqlite3.Connection | None = self._open(lock_timeout_s)
-
-    # -- opening ----------------------------------------------------------------------------
-
-    def _prepare_file(self) -> None:
-        directory = self.path.parent
-        try:
-            if not directory.exists():
-                # Queued announcements say what happens in a home; only the bridge's user may
-                # read them. An existing directory is left as the user set it up.
-                directory.mkdir(parents=True, mode=0o700)
-                os.chmod(directory, 0o700)  # mkdir applies the umask; 0700 exactly, not less
-            # Created before SQLite opens it, so it is never briefly readable by others; SQLite
-            # gives the -wal file the database file's mode.
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
-            try:
-                os.fchmod(fd, 0o600)
-            finally:
-                os.close(fd)
-            fsync_dir(directory)  # the new file's name survives a power cut, too
-        except OSError as exc:
-            raise JournalError(self.path, f"cannot create it: {exc}") from exc
-
-    def _open(self, lock_timeout_s: float) -> sqlite3.Connection:
-        try:
-            # isolation_level=None: transactions are begun and committed explicitly below.
-            connection = sqlite3.connect(
-                self.path, timeout=lock_timeout_s, isolation_level=None, check_same_thread=False
-            )
-        except sqlite3.Error as exc:
-            raise JournalError(self.path, f"cannot open it: {exc}") from exc
-        try:
-            self._configure(connection)
-            self._check_or_create_schema(connection)
-        except BaseException:
-            connection.close()
-            raise
-        return connection
-
-    def _configure(self, connection: sqlite3.Connection) -> None:
-        try:
-            # Exclusive: a second bridge on the same journal would resume the same unfinished
-            # entries and speak them twice, so it is refused. Set before WAL, so the WAL index
-            # lives in memory and no -shm file is needed.
-            connection.execute("PRAGMA locking_mode = EXCLUSIVE")
-            mode = connection.execute("PRAGMA journal_mode = WAL").fetchone()[0]
-            # FULL, not WAL's usual NORMAL: NORMAL survives a crash of the bridge but may lose
-            # the last commits on power loss or a kernel crash. accept() is followed by the ack,
-            # after which the broker drops its copy, so a commit lost then is a request lost.
-            # A lost finish() would speak a request twice. One fsync per commit buys both.
-            connection.execute("PRAGMA synchronous = FULL")
-            # Take the lock now, not at the first request, so a second bridge fails at start.
-            connection.execute("BEGIN EXCLUSIVE")
-            connection.execute("COMMIT")
-        except sqlite3.OperationalError as exc:
-            if "locked" in str(exc) or "busy" in str(exc):
-                raise JournalError(self.path, "in use by another process") from exc
-            raise JournalError(self.path, f"cannot use it: {exc}") from exc
-        except sqlite3.DatabaseError as exc:
-            raise JournalError(self.path, f"damaged or not an SQLite file ({exc})") from exc
-        if str(mode).lower() != "wal":
-            raise JournalError(self.path, f"cannot switch to WAL mode (got {mode!r})")
-
-    def _check_or_create_schema(self, connection: sqlite3.Connection) -> None:
-        try:
-            app_id = connection.execute("PRAGMA application_id").fetchone()[0]
-            version = connection.execute("PRAGMA user_version").fetchone()[0]
-            tables = connection.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
-            if app_id == 0 and version == 0 and tables == 0:
-                # One transaction in the script itself: executescript() commits any open one.
-                connection.executescript(
-                    f"BEGIN IMMEDIATE; {_SCHEMA}"
-                    f"PRAGMA application_id = {_APPLICATION_ID};"
-                    f"PRAGMA user_version = {_SCHEMA_VERSION}; COMMIT;"
-                )
-                _LOGGER.info("Created request journal %s", self.path)
-                return
-            if app_id != _APPLICATION_ID:
-                raise JournalError(self.path, "an SQLite file, but not a tts_bridge journal")
-            while version in _MIGRATIONS:
-                connection.executescript(
-                    f"BEGIN IMMEDIATE; {_MIGRATIONS[version]}"
-                    f"PRAGMA user_version = {version + 1}; COMMIT;"
-                )
-                _LOGGER.info("Request journal %s migrated to format %d", self.path, version + 1)
-                version += 1
-            if version != _SCHEMA_VERSION:
-                raise JournalError(
-                    self.path, f"journal format {version}, this version reads {_SCHEMA_VERSION}"
-                )
-            # A damaged page found now lets the bridge move the file aside before it acks
-            # anything; found later, it would fail requests one by one. Linear in the file's
-            # size, which max_entries keeps small.
-            problems = [row[0] for row in connection.execute("PRAGMA quick_check(5)")]
-            if problems != ["ok"]:
-                raise JournalError(self.path, "damaged: " + "; ".join(problems))
-        except sqlite3.DatabaseError as exc:
-            raise JournalError(self.path, f"damaged or not an SQLite file ({exc})") from exc
+        self._connection: sqlite3.Connection | None = open_file(self.path, lock_timeout_s)
 
     # -- the request path -------------------------------------------------------------------
 
@@ -505,38 +386,41 @@ class Journal:
             rows = connection.execute(_UNFINISHED).fetchall()
         return [_entry(row) for row in rows if row[0] not in self._unwritten]
 
-    def resume(self, max_attempts: int = DEFAULT_MAX_ATTEMPTS) -> Resumed:
-        """The unfinished entries to serve again at start, and the poison ones (see Resumed).
+    def started(self, entry_id: int) -> None:
+        """Count an attempt: the entry's synthesis starts now. Committed (as durably as accept())
+        before this returns, so that the next start after a process killed in this synthesis
+        finds the entry a suspect. When it cannot be written (disk full) the attempt is not
+        counted and synthesis goes ahead (logged as the journal's fault). ``entry_id`` 0 (an
+        UNJOURNALED request) does nothing."""
+        if entry_id == 0:
+            return
+        try:
+            with self._transaction() as connection:
+                self._write_unwritten(connection)
+                connection.execute(
+                    "UPDATE entries SET attempts = attempts + 1 "
+                    "WHERE id = ? AND finished_at IS NULL",
+                    (entry_id,),
+                )
+        except _StorageError as fault:
+            self._fault.failed("counting an attempt", fault.cause)
+            return
+        self._fault.succeeded()
 
-        Counts this attempt for each entry handed back to serve, in the same transaction, so
-        a crash while serving it counts. If that cannot be written (disk full at start) the
-        entries are still handed back and the attempt is not counted (logged).
-        """
+    def resume(self, max_attempts: int = DEFAULT_MAX_ATTEMPTS) -> Resumed:
+        """The unfinished entries to serve again at start: waiting, suspects and poison (see
+        Resumed). Writes nothing: started() counts when synthesis begins again."""
         if max_attempts < 1:
             raise ValueError("max_attempts must be at least 1")
         with self._transaction() as connection:
             rows = connection.execute(_UNFINISHED).fetchall()
         entries = [_entry(row) for row in rows if row[0] not in self._unwritten]
-        serve = [e for e in entries if e.attempts < max_attempts]
-        poison = [e for e in entries if e.attempts >= max_attempts]
-        for entry in poison:
-            _LOGGER.error(
-                "Request journal entry %d (%s) was resumed %d times and never finished; "
-                "answering it with an error instead of serving it again",
-                entry.entry_id,
-                entry.topic,
-                entry.attempts,
-            )
-        if serve:
-            try:
-                with self._transaction() as connection:
-                    connection.executemany(
-                        "UPDATE entries SET attempts = attempts + 1 WHERE id = ?",
-                        [(e.entry_id,) for e in serve],
-                    )
-            except _StorageError as fault:
-                self._fault.failed("counting resumed requests", fault.cause)
-        return Resumed(serve, poison)
+        suspects = [e for e in entries if 0 < e.attempts < max_attempts]
+        return Resumed(
+            entries=[e for e in entries if e.attempts == 0],
+            suspects=sorted(suspects, key=lambda e: (e.attempts, e.entry_id)),
+            poison=[e for e in entries if e.attempts >= max_attempts],
+        )
 
     def outcome(self, key: str) -> dict[str, Any] | None:
         """The newest stored outcome for ``key``, or None when none is finished (or kept)."""

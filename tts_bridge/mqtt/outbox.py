@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from tts_bridge.audio import encode_wav
+from tts_bridge.audio.codec import encode_wav
 from tts_bridge.config import Settings
 from tts_bridge.mqtt import discovery
 from tts_bridge.mqtt.client import IncomingMessage, OutgoingMessage, PublishResult
@@ -38,6 +38,7 @@ class Connection(Protocol):
     """What the service needs of its MQTT connection (`MqttConnection`, or a test's fake)."""
 
     connected: threading.Event
+    subscribed: threading.Event
 
     def start(
         self,
@@ -154,6 +155,11 @@ class Outbox:
     @property
     def connected(self) -> bool:
         return self._connection.connected.is_set()
+
+    @property
+    def subscribed(self) -> bool:
+        """Connected, and the broker has acknowledged the bridge's subscriptions."""
+        return self._connection.subscribed.is_set()
 
     def connection_health(self) -> dict[str, Any]:
         """The broker's refusals of the bridge's publishes (by reason) and session takeovers

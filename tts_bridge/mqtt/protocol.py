@@ -21,10 +21,11 @@ from pydantic import (
     ValidationError,
 )
 
-from tts_bridge.config import LimitsSettings
+from tts_bridge.audio.formats import AudioFormat, FormatError
 from tts_bridge.engines.base import SynthesisOptions, check_option_ranges
-from tts_bridge.formats import AudioFormat, FormatError
+from tts_bridge.speech.request import SpeechRequest
 from tts_bridge.speech.scheduler import PRIORITIES, Priority, as_priority
+from tts_bridge.speech.settings import LimitsSettings, TargetSettings
 from tts_bridge.text.sentences import clean
 from tts_bridge.wire import JsonTooDeepError, encode_json, load_json, new_id, raw_size
 
@@ -150,6 +151,36 @@ class SayRequest:
     """True: the text is SSML; False: spoken as written; None: SSML if it starts with <speak>."""
     priority: Priority = "normal"
     """Its place in the queue: alert > high > normal > low."""
+
+
+def speech_request(
+    say: SayRequest, received: float, target: TargetSettings | None = None
+) -> SpeechRequest:
+    """The speech core's request for a say request; `target` is its say target's settings
+    (their chimes are the request's defaults)."""
+    return SpeechRequest(
+        id=say.id,
+        text=say.text,
+        voice=say.voice,
+        language=say.lang,
+        options=say.options,
+        format=say.format.container if say.format is not None else None,
+        priority=say.priority,
+        chime=say.chime,
+        chime_after=say.chime_after,
+        default_chime=target.chime if target is not None else None,
+        default_chime_after=target.chime_after if target is not None else None,
+        ssml=say.ssml,
+        door="mqtt",
+        target=say.target,
+        tier=say.tier,
+        use_cache=say.use_cache,
+        stream=say.stream,
+        budget_ms=say.latency_budget_ms,
+        # The target's gain is applied after the cache, which keeps full-scale audio.
+        volume=10 ** (target.gain_db / 20) if target is not None and target.gain_db else None,
+        received=received,
+    )
 
 
 def mqtt_safe(value: str) -> bool:

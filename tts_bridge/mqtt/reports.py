@@ -115,6 +115,11 @@ class Reports(MqttFrontEnd):
     def health(self) -> dict[str, Any]:
         engines = self._pipeline.synthesizer.engines
         cache = self._pipeline.synthesizer.cache.stats()
+        # The models first, then the process size: a model that is not listed has its memory
+        # back before the size is read (see Residency.unload).
+        loaded = engines.loaded()
+        model_memory = {k: round(v) for k, v in engines.resident_mb().items()}
+        rss_mb = round(psutil.Process().memory_info().rss / 2**20, 1)
         return {
             "uptime_s": round(time.monotonic() - self._started),
             **self._pipeline.describe(),
@@ -126,9 +131,9 @@ class Reports(MqttFrontEnd):
             **self._outbox.connection_health(),
             **(self._faults() if self._faults is not None else {}),
             **(self._doors() if self._doors is not None else {}),
-            "rss_mb": round(psutil.Process().memory_info().rss / 2**20, 1),
-            "loaded_models": engines.loaded(),
-            "model_memory_mb": {k: round(v) for k, v in engines.resident_mb().items()},
+            "rss_mb": rss_mb,
+            "loaded_models": loaded,
+            "model_memory_mb": model_memory,
             "memory_budget_mb": engines.memory_budget_mb,
         }
 

@@ -13,9 +13,11 @@ refuses the request's audio (an ACL), the answer is the error `not_authorized`.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from tts_bridge.config import Settings
@@ -33,18 +35,26 @@ from tts_bridge.mqtt.protocol import (
     ProtocolError,
     SayRequest,
     check_audio_seconds,
+    error_response,
     ok_response,
     parse_say,
+    speech_request,
 )
+from tts_bridge.mqtt.resumption import ResumeOrder
+from tts_bridge.players.announce import play_order
+from tts_bridge.players.service import Outcomes, Players
+from tts_bridge.speech.delivery import AudioDelivery, Delivered, DeliveryError, link_message
+from tts_bridge.speech.engine_start import on_engine_start
 from tts_bridge.speech.loudness import apply_gain
 from tts_bridge.speech.pipeline import Pipeline, SpeechError, SpeechJob
-from tts_bridge.speech.synthesis import Announcement, AudioPart, SentenceAudio
-from tts_bridge.textlog import short
-from tts_bridge.web.delivery import AudioDelivery, Delivered, DeliveryError, link_message
+from tts_bridge.speech.synthesis import AudioPart, Rendering, SentenceAudio
+from tts_bridge.textlog import short, size
 from tts_bridge.wire import encode_json
 
 _LOGGER = logging.getLogger(__name__)
 POISON_CODE = "poison_request"
+PLAYERS_DRAIN_S = 15.0
+"""How long a stop waits for answers whose media players have not all answered."""
 
 
 @dataclass(frozen=True)
@@ -57,6 +67,17 @@ class _Closing:
     ack: IncomingMessage | None = None
 
 
+@dataclass(frozen=True)
+class _Answer:
+    """An ok answer ready to go out, but for what the media players say."""
+
+    request: SayRequest
+    closing: _Closing
+    data: dict[str, object]
+    rendering: Rendering
+    latency_ms: float
+
+
 class SayFrontEnd(MqttFrontEnd):
     def __init__(
         self,
@@ -65,6 +86,8 @@ class SayFrontEnd(MqttFrontEnd):
         pipeline: Pipeline,
         journal: Journal | None,
         audio_delivery: AudioDelivery | None = None,
+        *,
+        players: Players | None = None,
     ) -> None:
         self._settings = settings
         self._outbox = outbox
@@ -73,13 +96,20 @@ class SayFrontEnd(MqttFrontEnd):
         self._delivery = (
             audio_delivery if audio_delivery is not None else AudioDelivery(settings, None)
         )
+        self._players = players
         self.topics = outbox.topics
         self.refused_deliveries = 0
         """Answers turned into not_authorized because the broker refused their audio."""
+        self._order = ResumeOrder()
 
     def use_journal(self, journal: Journal | None) -> None:
         """The journal to record requests in (None: serve without one, acking after answers)."""
         self._journal = journal
+
+    def stop(self) -> None:
+        """Before the connection closes: the answers still waiting for their media players."""
+        if self._players is not None and not self._players.drain(PLAYERS_DRAIN_S):
+            _LOGGER.warning("Some answers were still waiting for their media players")
 
     def subscriptions(self) -> list[str]:
         return shared(self._settings, [self.topics.say, self.topics.say_targets])
@@ -101,21 +131,33 @@ class SayFrontEnd(MqttFrontEnd):
         reply = ReplyTo(entry.response_topic, entry.correlation_data)
         self._accept(target, entry.payload, reply, time.monotonic(), entry.entry_id)
 
+    def resume_all(self, waiting: list[JournalEntry], suspects: list[JournalEntry]) -> None:
+        """Serve the entries that were waiting at the last stop, then the suspects (in
+        synthesis then) one at a time (see resumption.py)."""
+        self._order.start(waiting, suspects, self.resume)
+
     def retire(self, entry: JournalEntry, attempts: int) -> None:
-        """Answer a journal entry that was resumed `attempts` times without finishing (it
-        likely made the bridge crash each time) with an error, and finish it."""
+        """Answer a journal entry whose synthesis started `attempts` times without finishing
+        (it likely made the bridge crash each time) with an error, and finish it. Logged here,
+        once, as an error naming the request."""
         target = self.topics.target_of(entry.topic) or "default"
         reply = ReplyTo(entry.response_topic, entry.correlation_data)
+        text = ""
         try:
             parsed = parse_say(target, entry.payload, self._settings.limits)
             request_id: str | int | None = parsed.id if parsed.id_given else None
+            text = parsed.text
         except ProtocolError as exc:
             request_id = exc.request_id
+        _log_poisoned(request_id, target, entry.entry_id, text, attempts)
         message = (
-            f"this request was resumed {attempts} times after the bridge stopped while serving "
-            "it, and is not served again; check the log for what stopped the bridge"
+            f"the bridge stopped while synthesizing this request, {attempts} times; it is not "
+            "served again (the bridge's log says what stopped it)"
         )
-        self._refuse(request_id, POISON_CODE, message, reply, target, _Closing(entry.entry_id))
+        self._pipeline.count_error(POISON_CODE)
+        body = error_response(request_id, POISON_CODE, message)
+        self._outbox.say_answer(target, body, reply)
+        self._finish(_Closing(entry.entry_id), body)
 
     # network thread: nothing slow
 
@@ -136,13 +178,16 @@ class SayFrontEnd(MqttFrontEnd):
         closing = _Closing(entry_id)
         try:
             request = parse_say(target, payload, self._settings.limits)
-            _LOGGER.info("Request %s for %s: %s", request.id, target, short(request.text))
-            plan = self._pipeline.check(
-                request.text,
-                request.voice,
-                request.lang,
-                request.options,
-                self._announcement(request),
+            _LOGGER.debug("Request %s text: %s", request.id, short(request.text))
+            speech = speech_request(request, received, self._settings.targets.get(target))
+            plan = self._pipeline.check(speech)
+            _LOGGER.info(
+                "Request %s for %s: %s, %s, %d sentence(s)",
+                request.id,
+                target,
+                plan.voice.name,
+                size(request.text),
+                len(plan.sentences),
             )
             # Again with the speed the voice renders at (its own default may be slow).
             check_audio_seconds(
@@ -172,34 +217,14 @@ class SayFrontEnd(MqttFrontEnd):
             if accepted is None:
                 return  # a duplicate (answered again)
             closing = accepted
-        job = self._pipeline.route(
-            request.id,
-            plan,
-            tier=request.tier,
-            use_cache=request.use_cache,
-            budget_ms=request.latency_budget_ms,
-            target=target,
-            received=received,
-            priority=request.priority,
-            door="mqtt",
-        )
+        job = self._pipeline.route(speech, plan)
         admission = self._pipeline.submit(
             job,
-            lambda job: self._serve(job, request, reply, closing),
+            lambda job: self._serve_closed(job, request, reply, closing),
             force=message is None,
         )
         if not admission:
             self._refuse(request.id, "busy", admission.message, reply, target, closing)
-
-    def _announcement(self, request: SayRequest) -> Announcement:
-        target = self._settings.targets.get(request.target)
-        return Announcement(
-            chime=request.chime,
-            chime_after=request.chime_after,
-            default_chime=target.chime if target is not None else None,
-            default_chime_after=target.chime_after if target is not None else None,
-            ssml=request.ssml,
-        )
 
     def _journal_accept(
         self, message: IncomingMessage, request: SayRequest, reply: ReplyTo
@@ -245,6 +270,20 @@ class SayFrontEnd(MqttFrontEnd):
 
     # worker thread
 
+    def _serve_closed(
+        self, job: SpeechJob, request: SayRequest, reply: ReplyTo, closing: _Closing
+    ) -> None:
+        # The attempt is counted, durably, before an engine starts on it (not for cache hits).
+        started = None
+        if self._journal is not None and closing.entry_id:
+            started = functools.partial(self._journal.started, closing.entry_id)
+        try:
+            with on_engine_start(started):
+                self._serve(job, request, reply, closing)
+        finally:  # answered, or failed past every answer: the resume order must go on
+            if closing.entry_id:
+                self._order.closed(closing.entry_id)
+
     def _serve(
         self, job: SpeechJob, request: SayRequest, reply: ReplyTo, closing: _Closing
     ) -> None:
@@ -255,11 +294,7 @@ class SayFrontEnd(MqttFrontEnd):
         target = self._settings.targets.get(request.target)
         gain_db = target.gain_db if target is not None else 0.0
 
-        def on_part(part: AudioPart) -> None:  # out as soon as it is made
-            if gain_db:
-                part = dataclasses.replace(part, pcm=apply_gain(part.pcm, gain_db))
-            self._outbox.stream_part(request.target, flags, part, job.sample_rate, delivery)
-
+        on_part = self._part_sender(job, request.target, flags, delivery, gain_db)
         try:
             rendering = self._pipeline.render(
                 job,
@@ -267,11 +302,11 @@ class SayFrontEnd(MqttFrontEnd):
                     dataclasses.replace(piece, pcm=apply_gain(piece.pcm, gain_db))
                 ),
                 on_part=on_part if request.stream else None,
-                volume=10 ** (gain_db / 20) if gain_db else None,
             )
         except SpeechError as exc:
             self._refuse(request.id, exc.code, str(exc), reply, request.target, closing)
             return
+        rendering = self._delivery.with_lead(request.target, rendering)
         flags[1] = ("tier", rendering.tier)  # the other tier's, if it answered instead
         flags.append(("cached", "true" if rendering.cached else "false"))
         how = self._delivery.for_target(request.target, request.format)
@@ -299,6 +334,7 @@ class SayFrontEnd(MqttFrontEnd):
                     delivery=delivery,
                     content_type=content_type,
                 )
+                self._pipeline.first_byte_sent(job)
             if delivered is None:  # WAV on the topic first; the answer's URL after it
                 delivered = self._delivery.deliver(how, rendering)
         except DeliveryError as exc:
@@ -332,11 +368,35 @@ class SayFrontEnd(MqttFrontEnd):
         }
         if rendering.sentence_voices:  # a Chinese sentence went to a voice that speaks it
             data["sentence_voices"] = list(rendering.sentence_voices)
-        body = ok_response(request.id, data)
+        answer = _Answer(request, closing, data, rendering, latency_ms)
+        if not self._play_first(answer, job.priority, delivered):
+            self._answer(answer)
+
+    def _play_first(self, answer: _Answer, priority: str, delivered: Delivered) -> bool:
+        """Hand the answer to the target's media players, if it has any (True): it goes out
+        with each player's outcome once they all have one; this worker does not wait."""
+        request = answer.request
+        if self._players is None or not self._players.plays(request.target):
+            return False
+        order = play_order(
+            request.id, request.target, delivered, answer.rendering.duration_ms, priority
+        )
+
+        def done(outcomes: Outcomes) -> None:
+            data = {**answer.data, "players": outcomes}
+            self._answer(dataclasses.replace(answer, data=data))
+
+        self._players.play(order, done)
+        return True
+
+    def _answer(self, answer: _Answer) -> None:
+        """Publish the ok answer, record it, log it (after the media players, if any)."""
+        request, rendering, latency_ms = answer.request, answer.rendering, answer.latency_ms
+        body = ok_response(request.id, answer.data)
         # Counted first: a client that reads health after its answer finds it counted.
-        self._pipeline.count_answer(rendering.tier, latency_ms)
+        self._pipeline.count_answer(rendering.tier, latency_ms, voice=rendering.voice)
         self._outbox.say_answer(request.target, body)
-        self._finish(closing, body)
+        self._finish(answer.closing, body)
         _LOGGER.info(
             "Request %s done: %s tier, %s/%s, %d ms of audio, cached %d/%d, %.0f ms",
             request.id,
@@ -348,6 +408,22 @@ class SayFrontEnd(MqttFrontEnd):
             rendering.sentences,
             latency_ms,
         )
+
+    def _part_sender(
+        self,
+        job: SpeechJob,
+        target: str,
+        flags: list[tuple[str, str]],
+        delivery: Delivery,
+        gain_db: float,
+    ) -> Callable[[AudioPart], None]:
+        def on_part(part: AudioPart) -> None:  # out as soon as it is made
+            if gain_db:
+                part = dataclasses.replace(part, pcm=apply_gain(part.pcm, gain_db))
+            self._outbox.stream_part(target, flags, part, job.sample_rate, delivery)
+            self._pipeline.first_byte_sent(job)  # the first part's counts
+
+        return on_part
 
     def _refused_by_broker(
         self, request: SayRequest, delivery: Delivery, reply: ReplyTo, closing: _Closing
@@ -394,8 +470,27 @@ class SayFrontEnd(MqttFrontEnd):
                 journal.finish(closing.entry_id, json.loads(body))
             except JournalError as exc:
                 _LOGGER.error("Cannot record the answer in the journal: %s", exc)
+        if closing.entry_id:
+            self._order.closed(closing.entry_id)
         if closing.ack is not None:
             self._outbox.ack(closing.ack)
+
+
+def _log_poisoned(
+    request_id: str | int | None, target: str, entry_id: int, text: str, attempts: int
+) -> None:
+    """The one error line that names a request refused as poison (its text only at DEBUG)."""
+    _LOGGER.error(
+        "Request %s for %s (journal entry %d, %s) was in synthesis at %d stops of the "
+        "bridge in a row; answering it %s instead of serving it again",
+        request_id,
+        target,
+        entry_id,
+        size(text),
+        attempts,
+        POISON_CODE,
+    )
+    _LOGGER.debug("Request %s (journal entry %d) text: %s", request_id, entry_id, short(text))
 
 
 def _no_reply(reply: ReplyTo, exc: ProtocolError) -> ReplyTo:

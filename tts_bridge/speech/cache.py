@@ -37,9 +37,9 @@ from typing import Any
 import diskcache
 import numpy as np
 
-from tts_bridge.audio import Int16Audio
-from tts_bridge.config import CacheSettings
-from tts_bridge.faults import FaultCondition
+from tts_bridge.audio.codec import Int16Audio
+from tts_bridge.speech.settings import CacheSettings
+from tts_bridge.system.faults import FaultCondition
 
 _LOGGER = logging.getLogger(__name__)
 _FORMAT = 1  # bump when the stored layout changes; old entries are then simply missed
@@ -213,39 +213,53 @@ class SentenceCache:
             return False
 
     def get(self, key: CacheKey) -> CachedSentence | None:
-        """The cached sentence, or None (also for a damaged entry, which is dropped)."""
+        """The cached sentence, or None (also for a damaged entry, which is dropped), with the
+        look-up's bookkeeping done (`read`, then `note_lookup`)."""
+        found = self.read(key)
+        self.note_lookup(key, found is not None)
+        return found
+
+    def read(self, key: CacheKey) -> CachedSentence | None:
+        """The cached sentence, or None (also for a damaged entry, which is dropped), without
+        writing anything: the look-up's bookkeeping (`note_lookup`) can wait until the audio
+        has gone out."""
         if not self.enabled:
             return None
         digest = key.digest()
         value = self._lookup(digest)
         if value is None:
-            self._count(_STATS_MISSES)
             return None
         try:
             pcm = np.frombuffer(value["pcm"], dtype="<i2")
             if hashlib.sha256(value["pcm"]).hexdigest() != value["pcm_sha256"]:
                 raise ValueError("PCM digest mismatch")
-            entry = CachedSentence(
+            return CachedSentence(
                 pcm, int(value["sample_rate"]), value["tier"], value["engine"], value["created"]
             )
         except (KeyError, TypeError, ValueError) as exc:
             self._drop(digest, str(exc))
-            self._count(_STATS_MISSES)
             return None
+
+    def note_lookup(self, key: CacheKey, hit: bool) -> None:
+        """A look-up's bookkeeping: the hit and miss counters, and a hit's recency (what the
+        size limit evicts last)."""
+        if not self.enabled:
+            return
+        if not hit:
+            self._count(_STATS_MISSES)
+            return
+        digest = key.digest()
+        if not self._health.degraded or self._health.should_retry():
+            try:
+                self._touch(digest)
+            except _STORAGE_ERRORS as exc:
+                self._health.failed("reading a sentence", exc)
         self._count(_STATS_HITS, "hits:" + digest)
-        return entry
 
     def _lookup(self, digest: str) -> Any:
-        """The stored value or None; with its bookkeeping unless the cache cannot write."""
-        bookkeeping = not self._health.degraded or self._health.should_retry()
+        """The stored value or None."""
         try:
-            try:
-                return self._read(digest, bookkeeping)
-            except _STORAGE_ERRORS as exc:
-                if not bookkeeping:
-                    raise
-                self._health.failed("reading a sentence", exc)
-                return self._read(digest, bookkeeping=False)
+            return self._peek(digest)
         except _STORAGE_ERRORS as exc:
             _LOGGER.warning("Cache entry %s unreadable: %s", digest[:16], exc)
             return None
@@ -255,12 +269,15 @@ class SentenceCache:
             self._drop(digest, f"{type(exc).__name__}: {exc}")
             return None
 
-    def _read(self, digest: str, bookkeeping: bool) -> Any:
-        if bookkeeping:
-            value = self._cache.get(digest, default=None, retry=True)
-            self._health.succeeded()
-            return value
-        return self._peek(digest)
+    def _touch(self, digest: str) -> None:
+        """What diskcache's own get writes under its least-recently-used policy: the entry's
+        access time."""
+        db_key, raw = self._cache._disk.put(digest)
+        self._cache._sql(
+            "UPDATE Cache SET access_time = ? WHERE key = ? AND raw = ?",
+            (time.time(), db_key, raw),
+        )
+        self._health.succeeded()
 
     def _peek(self, key: str) -> Any:
         """A value read without diskcache's bookkeeping write (access time, statistics): the
@@ -317,6 +334,16 @@ class SentenceCache:
             return False
         self._health.succeeded()
         return True
+
+    def delete(self, key: CacheKey) -> bool:
+        """Remove one sentence; whether it was there."""
+        if not self.enabled:
+            return False
+        try:
+            return bool(self._cache.delete(key.digest(), retry=True))
+        except _STORAGE_ERRORS as exc:
+            self._health.failed("removing a sentence", exc)
+            return False
 
     def stats(self) -> dict[str, Any]:
         """Counts for health and ``cache/stats``; reads only, so it works on a full disk too."""

@@ -20,9 +20,9 @@ import numpy as np
 import numpy.typing as npt
 import soundfile
 
-from tts_bridge import audio
-from tts_bridge.config import ChimesSettings
+from tts_bridge.audio import codec
 from tts_bridge.speech.loudness import LoudnessNormalizer
+from tts_bridge.speech.settings import ChimesSettings
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -102,7 +102,7 @@ class ChimeLibrary:
         self._settings = settings
         self._loudness = loudness
         self._lock = threading.Lock()
-        self._made: dict[tuple[str, int, float], audio.Int16Audio] = {}
+        self._made: dict[tuple[str, int, float], codec.Int16Audio] = {}
 
     def _files(self) -> dict[str, Path]:
         """The user's chime files by name (read each time: files may be added while running)."""
@@ -130,7 +130,7 @@ class ChimeLibrary:
         known = ", ".join(c.name for c in self.list())
         raise ChimeError("unknown_chime", f"unknown chime {name[:64]!r}; the chimes are {known}")
 
-    def pcm(self, name: str, sample_rate: int) -> audio.Int16Audio:
+    def pcm(self, name: str, sample_rate: int) -> codec.Int16Audio:
         """The chime at `sample_rate` and the bridge's loudness; raises ChimeError."""
         path = self._files().get(name)  # a file overrides a built-in of the same name
         if path is None and name not in BUILT_IN:
@@ -148,7 +148,7 @@ class ChimeLibrary:
         peak = float(np.max(np.abs(samples))) if samples.size else 0.0
         if peak > 1.0:
             samples = samples / peak
-        pcm, _ = self._loudness.normalize(audio.to_pcm16(samples), sample_rate)
+        pcm, _ = self._loudness.normalize(codec.to_pcm16(samples), sample_rate)
         with self._lock:
             self._made = {k: v for k, v in self._made.items() if k[:2] != key[:2]}
             self._made[key] = pcm
@@ -176,6 +176,6 @@ class ChimeLibrary:
             fade = min(limit, int(_FADE_S * rate))
             mono[limit - fade :] *= np.linspace(1.0, 0.0, fade)
         if rate != sample_rate:
-            pcm = audio.resample(audio.to_pcm16(np.clip(mono, -1.0, 1.0)), rate, sample_rate)
+            pcm = codec.resample(codec.to_pcm16(np.clip(mono, -1.0, 1.0)), rate, sample_rate)
             return pcm.astype(np.float64) / 32768.0
         return np.asarray(mono, dtype=np.float64)

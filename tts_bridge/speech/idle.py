@@ -6,7 +6,8 @@ cache). Sources, first to last:
 2. upgrades: sentences a live request got from the fast tier; the quality version is rendered
    and cached under its own key, after which lookups for the voice hit quality. Kept in a
    persistent index beside the cache, so a restart does not forget them;
-3. configured `phrases` / `phrases_file` for the default voice;
+3. the phrases (configured `phrases` / `phrases_file`, and those added at run time, see
+   phrase_list.py) for the default voice;
 4. learned sentences: asked at least `learn_min_count` times within `learn_window_s`.
 
 Batching: for an engine with `synthesize_batch` (ChatTTS ONNX), the first sentence waiting takes
@@ -35,8 +36,9 @@ from typing import Literal
 from tts_bridge.config import Settings
 from tts_bridge.engines.base import BatchEngine, SynthesisInterruptedError, SynthesisOptions
 from tts_bridge.engines.registry import UnknownVoiceError, Voice
+from tts_bridge.speech.phrase_list import PhraseList
 from tts_bridge.speech.synthesis import RequestError, Synthesizer, prepare_text
-from tts_bridge.textlog import short
+from tts_bridge.textlog import short, size
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -74,13 +76,20 @@ def read_phrases(settings: Settings) -> list[str]:
 class IdleWork:
     """Feeds the scheduler's idle thread one sentence at a time (thread-safe)."""
 
-    def __init__(self, settings: Settings, synth: Synthesizer) -> None:
+    def __init__(
+        self, settings: Settings, synth: Synthesizer, phrases: PhraseList | None = None
+    ) -> None:
+        """`phrases`: the list to render ahead (by default the configured phrases, with
+        run-time ones kept in memory only)."""
         self._settings = settings
         self._synth = synth
         self._lock = threading.Lock()
         self._requested: deque[IdleItem] = deque()
+        if phrases is None:
+            phrases = PhraseList(read_phrases(settings), None)
+        self.phrase_list = phrases
         self._phrases: deque[IdleItem] = deque(
-            self._items(read_phrases(settings), settings.default_voice, "phrase")
+            self._items(self.phrase_list.all(), settings.default_voice, "phrase")
         )
         self._seen: OrderedDict[tuple[str, str], deque[float]] = OrderedDict()
         self._learned: deque[IdleItem] = deque()
@@ -96,7 +105,8 @@ class IdleWork:
             try:
                 items += [IdleItem(voice, s, kind) for s in prepare_text(text, limit)]
             except RequestError as exc:
-                _LOGGER.warning("Skipping phrase %s: %s", short(text), exc)
+                _LOGGER.warning("Skipping a phrase (%s): %s", size(text), exc)
+                _LOGGER.debug("The phrase skipped: %s", short(text))
         return items
 
     # producers
@@ -112,12 +122,22 @@ class IdleWork:
             self._requested.extend(items)
         return len(items)
 
+    def add_phrase(self, phrase: str) -> int:
+        """Queue a phrase just added to the list, for the default voice; how many sentences."""
+        items = self._items([phrase], self._synth.engines.default_voice, "phrase")
+        with self._lock:
+            self._phrases.extend(items)
+        return len(items)
+
     def note_fast_answer(self, quality_voice: str, sentences: list[str]) -> None:
         """A live request was answered by the fast tier: render it in quality later."""
         upgrades = self._synth.cache.upgrades
-        for sentence in sentences:
+        for n, sentence in enumerate(sentences):
             if len(upgrades) >= self._settings.scheduler.max_background:
-                _LOGGER.warning("Upgrade list full; %s stays on the fast tier", short(sentence))
+                _LOGGER.warning(
+                    "Upgrade list full; %d sentence(s) stay on the fast tier", len(sentences) - n
+                )
+                _LOGGER.debug("Not upgraded: %s", short(sentence))
                 return
             upgrades[f"{quality_voice}\x00{sentence}"] = time.time()
 
@@ -135,7 +155,13 @@ class IdleWork:
                 self._seen[key] = times  # most recent last
                 if len(times) == cfg.learn_min_count:
                     self._learned.append(IdleItem(voice, sentence, "learned"))
-                    _LOGGER.info("Learned phrase %s (%d requests)", short(sentence), len(times))
+                    _LOGGER.info(
+                        "Learned a phrase for %s: %s, %d requests",
+                        voice,
+                        size(sentence),
+                        len(times),
+                    )
+                    _LOGGER.debug("Learned phrase %s", short(sentence))
             while len(self._seen) > cfg.learn_max_sentences:
                 self._seen.popitem(last=False)
 
@@ -250,14 +276,24 @@ class IdleWork:
             self._gave_way(1, started)
             return  # still queued: rendered again at the next idle moment
         except Exception as exc:  # one bad sentence must not stall the idle queue
-            _LOGGER.warning("Idle %s of %s failed: %s", item.kind, short(item.sentence), exc)
+            _LOGGER.warning(
+                "Idle %s of a sentence (%s) in %s failed: %s",
+                item.kind,
+                size(item.sentence),
+                voice.name,
+                exc,
+            )
+            _LOGGER.debug("Idle %s failed on %s", item.kind, short(item.sentence))
             self._finish(item)
             return
         # Off the queue before it counts as done: the health report never shows an item both
         # done and pending.
         self._finish(item)
         self.done[item.kind] += 1
-        _LOGGER.info("Idle: %s %s in %s", item.kind, short(item.sentence), voice.name)
+        _LOGGER.info(
+            "Idle: %s of a sentence (%s) in %s", item.kind, size(item.sentence), voice.name
+        )
+        _LOGGER.debug("Idle: %s %s in %s", item.kind, short(item.sentence), voice.name)
 
     def _gave_way(self, sentences: int, started: float) -> None:
         self.interrupted += 1
@@ -285,13 +321,13 @@ class IdleWork:
                 self._alone.update((item.voice, item.sentence) for item in items)
             return
         _LOGGER.info(
-            "Idle: %s batch of %d in %s in %.1f s: %s",
+            "Idle: %s batch of %d in %s in %.1f s",
             items[0].kind,
             len(items),
             voice.name,
             time.perf_counter() - started,
-            " | ".join(short(item.sentence) for item in items),
         )
+        _LOGGER.debug("Idle batch: %s", " | ".join(short(item.sentence) for item in items))
         for item in items:
             self._finish(item)
             self.done[item.kind] += 1

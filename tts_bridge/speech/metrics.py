@@ -13,6 +13,8 @@ prometheus_client's global registry, so two services (or two tests) never share 
 from __future__ import annotations
 
 import logging
+import threading
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
@@ -31,6 +33,31 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 _SECONDS_BUCKETS = (
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0
 )  # fmt: skip
+# A request's stages, from a cache read's tenth of a millisecond to a long sentence's engine.
+_STAGE_BUCKETS = (
+    0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0
+)  # fmt: skip
+REQUEST_STAGES = (
+    "queue",
+    "cache_read",
+    "front",
+    "engine",
+    "engine_first",
+    "loudness",
+    "first_audio",
+    "first_byte",
+    "encode",
+    "cache_write",
+)
+"""A request's stages, in the order they happen: `queue` (submitted to a worker starting it),
+`cache_read`, `front` (front end and the engine's text preparation), `engine`, `engine_first`
+(the engine's time until the request's first audio: all of `engine` for a sentence made whole,
+a window's worth for one made in pieces), `loudness`;
+`first_audio` and `first_byte` are points, not spans: seconds from the request's arrival to its
+first audio handed to the door, and to the door's first byte of audio written; then `encode`
+(the whole answer's WAV) and `cache_write`. Spans are summed over a request's sentences."""
+RECENT_REQUESTS = 512
+"""Requests whose stages `Metrics.recent_stages` keeps (for the bench)."""
 _RTF_BUCKETS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
 _BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16)
 _LOAD_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
@@ -133,6 +160,17 @@ class Metrics:
             ["voice", "stage"],
             registry=registry,
         )
+        self.request_stage_seconds = Histogram(
+            f"{PREFIX}_request_stage_seconds",
+            "Where each request's time went, by door and stage (queue, cache_read, front, "
+            "engine, loudness, encode, cache_write: spans; first_audio, first_byte: from the "
+            "request's arrival)",
+            ["door", "stage"],
+            buckets=_STAGE_BUCKETS,
+            registry=registry,
+        )
+        self._recent_lock = threading.Lock()
+        self._recent: deque[tuple[str, dict[str, float]]] = deque(maxlen=RECENT_REQUESTS)
         self.real_time_factor = Histogram(
             f"{PREFIX}_real_time_factor",
             "Synthesis time over audio time of each synthesized sentence, by voice",
@@ -188,6 +226,26 @@ class Metrics:
         if audio_seconds > 0:
             self.real_time_factor.labels(voice).observe(seconds / audio_seconds)
             self.audio_seconds.labels(voice).inc(audio_seconds)
+
+    def request_stages(self, door: str, seconds: dict[str, float]) -> None:
+        """A request's stages once its work is done. `seconds` is the request's own record: a
+        door that writes its first byte later still adds it (`first_byte`)."""
+        for stage in REQUEST_STAGES:
+            if stage != "first_byte" and stage in seconds:
+                self.request_stage_seconds.labels(door, stage).observe(seconds[stage])
+        with self._recent_lock:
+            self._recent.append((door, seconds))
+
+    def first_byte(self, door: str, seconds: dict[str, float], value: float) -> None:
+        """The door wrote a request's first byte of audio `value` seconds after it arrived."""
+        seconds["first_byte"] = value
+        self.request_stage_seconds.labels(door, "first_byte").observe(value)
+
+    def recent_stages(self) -> list[tuple[str, dict[str, float]]]:
+        """The latest requests' stages (door, stage -> seconds), oldest first."""
+        with self._recent_lock:
+            recent = list(self._recent)
+        return [(door, {k: v for k, v in s.items() if k in REQUEST_STAGES}) for door, s in recent]
 
     def idle_batch(self, size: int) -> None:
         self.idle_batch_size.observe(size)

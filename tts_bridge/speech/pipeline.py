@@ -12,19 +12,20 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from tts_bridge.config import Settings
-from tts_bridge.engines.base import EngineError, Tier
+from tts_bridge.engines.base import EngineError, Stages, timing_stages
 from tts_bridge.engines.registry import UnknownVoiceError, Voice
+from tts_bridge.speech.activity import ActivityLog
 from tts_bridge.speech.idle import IdleWork
 from tts_bridge.speech.metrics import Metrics
+from tts_bridge.speech.request import SpeechRequest
 from tts_bridge.speech.routing import Route, TierRouter
 from tts_bridge.speech.scheduler import Admission, Priority, Scheduler
 from tts_bridge.speech.synthesis import (
-    Announcement,
     AudioPart,
     Plan,
     Rendering,
@@ -53,21 +54,45 @@ class SpeechError(Exception):
 class SpeechJob:
     """A validated and routed request."""
 
-    id: str | int
-    target: str
-    """Where the answer goes: the MQTT say target, the Hermes site, or "wyoming"."""
+    request: SpeechRequest
     plan: Plan
     route: Route
     estimate_s: float
     """The chosen voice's estimated cost: the job's share of the scheduler's backlog."""
-    use_cache: bool
-    received: float
-    """time.monotonic() when the request arrived."""
-    priority: Priority = "normal"
-    door: str = "other"
-    """The front end it came through (mqtt, hermes, wyoming, http): its share of the queue."""
-    peer: str | None = None
-    """The client's address where the door knows it (Wyoming, HTTP): its share of the queue."""
+    stages: Stages = field(default_factory=Stages, compare=False, repr=False)
+    """Where the request's time went (see metrics.REQUEST_STAGES), filled as it is served."""
+
+    @property
+    def id(self) -> str | int:
+        return self.request.id
+
+    @property
+    def target(self) -> str:
+        """Where the answer goes: the MQTT say target, the Hermes site, or the door's name."""
+        return self.request.target
+
+    @property
+    def use_cache(self) -> bool:
+        return self.request.use_cache
+
+    @property
+    def received(self) -> float:
+        """time.monotonic() when the request arrived."""
+        return self.request.received
+
+    @property
+    def priority(self) -> Priority:
+        return self.request.priority
+
+    @property
+    def door(self) -> str:
+        """The front end it came through (mqtt, hermes, wyoming, http): its share of the queue."""
+        return self.request.door
+
+    @property
+    def peer(self) -> str | None:
+        """The client's address where the door knows it (Wyoming, HTTP): its share of the queue."""
+        return self.request.peer
 
     @property
     def cached(self) -> bool:
@@ -135,23 +160,28 @@ class Counters:
 class Pipeline:
     """Validate, route, queue and render speech for any front end."""
 
-    def __init__(  # noqa: PLR0917  (the pipeline's contract with the front ends)
+    def __init__(
         self,
         settings: Settings,
         synthesizer: Synthesizer,
         scheduler: Scheduler,
         router: TierRouter,
         idle: IdleWork,
-        counters: Counters,
+        *,
+        metrics: Metrics | None = None,
+        activity: ActivityLog | None = None,
     ) -> None:
         self.settings = settings
         self.synthesizer = synthesizer
         self.scheduler = scheduler
         self.router = router
         self.idle = idle
-        self.counters = counters
-        self.metrics: Metrics | None = None
+        self.counters = Counters()
+        """Its own answers and errors, for health."""
+        self.metrics = metrics
         """Requests by door, status and tier, when the service has metrics."""
+        self.activity = activity
+        """The last requests of every door, without their text (the web UI's Activity)."""
 
     def start(self) -> None:
         self.scheduler.start()
@@ -162,84 +192,35 @@ class Pipeline:
 
     # any thread
 
-    def prepare(
-        self,
-        request_id: str | int,
-        text: str,
-        *,
-        voice: str | None = None,
-        lang: str | None = None,
-        options: Mapping[str, object] | None = None,
-        tier: Tier | None = None,
-        use_cache: bool = True,
-        budget_ms: int | None = None,
-        target: str = "default",
-        received: float | None = None,
-        announcement: Announcement | None = None,
-        priority: Priority = "normal",
-        door: str = "other",
-        peer: str | None = None,
-    ) -> SpeechJob:
+    def prepare(self, request: SpeechRequest) -> SpeechJob:
         """Validate and route a request; raises SpeechError (an unknown voice included).
 
-        `priority`, `door` and `peer` decide its place in the queue (see scheduler.py)."""
-        plan = self.check(text, voice, lang, options, announcement)
-        return self.route(
-            request_id,
-            plan,
-            tier=tier,
-            use_cache=use_cache,
-            budget_ms=budget_ms,
-            target=target,
-            received=received,
-            priority=priority,
-            door=door,
-            peer=peer,
-        )
+        Its priority, door and peer decide its place in the queue (see scheduler.py)."""
+        return self.route(request, self.check(request))
 
-    def check(
-        self,
-        text: str,
-        voice: str | None = None,
-        lang: str | None = None,
-        options: Mapping[str, object] | None = None,
-        announcement: Announcement | None = None,
-    ) -> Plan:
+    def check(self, request: SpeechRequest) -> Plan:
         """Validation alone (the first half of `prepare`), for a front end that must record a
         request durably between validating and routing it."""
         try:
-            return self.synthesizer.validate(text, voice, lang, options, announcement)
+            return self.synthesizer.plan(request)
         except RequestError as exc:
             raise SpeechError(exc.code, str(exc)) from exc
         except UnknownVoiceError as exc:
             raise SpeechError("unknown_voice", str(exc.args[0])) from exc
 
-    def route(
-        self,
-        request_id: str | int,
-        plan: Plan,
-        *,
-        tier: Tier | None = None,
-        use_cache: bool = True,
-        budget_ms: int | None = None,
-        target: str = "default",
-        received: float | None = None,
-        priority: Priority = "normal",
-        door: str = "other",
-        peer: str | None = None,
-    ) -> SpeechJob:
+    def route(self, request: SpeechRequest, plan: Plan) -> SpeechJob:
         """Pick the tier for a validated plan (the second half of `prepare`)."""
         synth = self.synthesizer
+        use_cache = request.use_cache
         fast = synth.engines.fast_voice_for(plan.voice, plan.language)
         cost = synth.uncached_cost_s(plan.voice, plan.sentences, plan.options, use_cache=use_cache)
         route = self.router.choose(
             plan.voice,
             fast,
+            request,
             language=plan.language,
             uncached_cost_s=cost,
             backlog_s=self.scheduler.backlog_s(),
-            forced=tier,
-            budget_ms=budget_ms,
         )
         if route.voice is not plan.voice:
             # The fast voice's cost, with the options and cache use it will render with.
@@ -247,23 +228,12 @@ class Pipeline:
             cost = synth.uncached_cost_s(route.voice, plan.sentences, options, use_cache=use_cache)
         _LOGGER.debug(
             "Request %s: %s tier (%s, quality estimate %.2f s)",
-            request_id,
+            request.id,
             route.tier,
             route.reason,
             route.estimate_s,
         )
-        return SpeechJob(
-            id=request_id,
-            target=target,
-            plan=plan,
-            route=route,
-            estimate_s=cost,
-            use_cache=use_cache,
-            received=received if received is not None else time.monotonic(),
-            priority=priority,
-            door=door,
-            peer=peer,
-        )
+        return SpeechJob(request=request, plan=plan, route=route, estimate_s=cost)
 
     def submit(
         self,
@@ -280,15 +250,9 @@ class Pipeline:
         hits. `force` (a resumed request, already acknowledged) skips the queue's limits."""
         if urgent is None:
             urgent = job.route.tier == "fast" and job.rerouted
+        submitted = time.monotonic()
         admission = self.scheduler.submit_live(
-            lambda: serve(job),
-            job.estimate_s,
-            force=force,
-            urgent=urgent,
-            priority=job.priority,
-            door=job.door,
-            peer=job.peer,
-            cached=job.cached,
+            lambda: self._serve_timed(job, serve, submitted), job, force=force, urgent=urgent
         )
         if not admission:  # each door logs its refusal; this says which limit
             _LOGGER.debug(
@@ -302,38 +266,78 @@ class Pipeline:
 
     # worker threads
 
+    def _serve_timed(
+        self, job: SpeechJob, serve: Callable[[SpeechJob], None], submitted: float
+    ) -> None:
+        """`serve(job)`, its wait in the queue noted in the request's stages."""
+        job.stages.seconds["queue"] = time.monotonic() - submitted
+        serve(job)
+
+    def first_byte_sent(self, job: SpeechJob) -> None:
+        """The door wrote the job's first byte of audio (any thread; later calls are no-ops)."""
+        if self.metrics is not None and "first_byte" not in job.stages.seconds:
+            self.metrics.first_byte(job.door, job.stages.seconds, time.monotonic() - job.received)
+
     def render(
         self,
         job: SpeechJob,
         *,
         on_part: Callable[[AudioPart], None] | None = None,
         on_sentence: Callable[[SentenceAudio], None] | None = None,
-        volume: float | None = None,
     ) -> Rendering:
-        """Render from the cache or the engine, and note the request for idle work.
+        """Render from the cache or the engine (at the request's volume), and note the request
+        for idle work.
 
         `on_part` gets each sentence (or streamed piece of one) as soon as it is ready;
         `on_sentence` each complete sentence of the rendering that answers, once it is done.
         When the voice fails (synthesis_failed) before any part went out, the request's other
         tier answers it, if it has one. Raises SpeechError ("synthesis_failed" for engine
         failures)."""
-        plan, route = job.plan, job.route
+        plan = job.plan
         emitted = False
 
         def part(piece: AudioPart) -> None:
             nonlocal emitted
+            if not emitted:  # into the request's own stages, not a sentence's timed now
+                job.stages.seconds.setdefault("first_audio", time.monotonic() - job.received)
             emitted = True
             assert on_part is not None
             on_part(piece)
 
         pieces: list[SentenceAudio] = []
+        # The request's stages, collected on this thread and counted once its audio is done
+        # (before the door has its last part: a client that reads the metrics then finds them).
+        with timing_stages(into=job.stages):
+            try:
+                rendering = self._render_or_other(
+                    job, part if on_part else None, pieces, lambda: emitted
+                )
+            finally:
+                if self.metrics is not None:
+                    self.metrics.request_stages(job.door, job.stages.seconds)
+        if on_sentence is not None:
+            for piece in pieces:
+                on_sentence(piece)
+        if job.rerouted and job.use_cache:
+            self.idle.note_fast_answer(plan.voice.name, plan.sentences)
+        self.idle.note_request(plan.voice.name, plan.sentences)
+        return rendering
+
+    def _render_or_other(
+        self,
+        job: SpeechJob,
+        on_part: Callable[[AudioPart], None] | None,
+        pieces: list[SentenceAudio],
+        emitted: Callable[[], bool],
+    ) -> Rendering:
+        """The route's voice renders the job, or its other tier when it fails before any part
+        went out (`emitted`)."""
+        route = job.route
         try:
-            rendering = self._render(
-                job, route.voice, route.tier, part if on_part else None, pieces.append, volume
-            )
+            return self._render(job, route.voice, route.tier, on_part, pieces.append)
         except SpeechError as exc:
             other = self._other_tier(job)
-            if exc.code != "synthesis_failed" or other is None or emitted:
+            if exc.code != "synthesis_failed" or other is None or emitted():
                 raise
             # The other tier answers this request (a failing fast voice must not leave the
             # request unanswered while the quality voice could speak it, and the reverse).
@@ -344,36 +348,28 @@ class Pipeline:
                 exc,
                 other.name,
             )
-            pieces = []
-            rendering = self._render(
-                job, other, other.tier, part if on_part else None, pieces.append, volume
-            )
-        if on_sentence is not None:
-            for piece in pieces:
-                on_sentence(piece)
-        if job.rerouted and job.use_cache:
-            self.idle.note_fast_answer(plan.voice.name, plan.sentences)
-        self.idle.note_request(plan.voice.name, plan.sentences)
-        return rendering
+            pieces.clear()
+            return self._render(job, other, other.tier, on_part, pieces.append)
 
-    def _render(  # noqa: PLR0917  (render's arguments, for one voice)
+    def _render(
         self,
         job: SpeechJob,
         voice: Voice,
         tier: str,
         on_part: Callable[[AudioPart], None] | None,
         on_sentence: Callable[[SentenceAudio], None],
-        volume: float | None,
     ) -> Rendering:
         try:
-            return self.synthesizer.render_plan(
+            rendering = self.synthesizer.render_plan(
                 job.plan,
                 voice,
-                tier=tier,
                 use_cache=job.use_cache,
                 on_sentence=on_sentence,
                 on_part=on_part,
-                volume=volume,
+                volume=job.request.volume,
+                # A door that streams hears a sentence as it is made (the engine's own stream,
+                # or a long sentence clause by clause).
+                streaming=on_part is not None and job.request.stream,
             )
         except RequestError as exc:
             raise SpeechError(exc.code, str(exc)) from exc
@@ -382,6 +378,10 @@ class Pipeline:
         except Exception as exc:
             _LOGGER.exception("Request %s failed", job.id)
             raise SpeechError("synthesis_failed", f"internal error: {type(exc).__name__}") from exc
+        # The tier it answers as is the route's: a voice may be one request's quality voice and
+        # another's fast voice.
+        rendering.tier = tier
+        return rendering
 
     def _other_tier(self, job: SpeechJob) -> Voice | None:
         """The voice of the other tier for this request, if it has one that speaks its
@@ -405,17 +405,26 @@ class Pipeline:
     # counters and descriptions
 
     def count_answer(
-        self, tier: str, latency_ms: float | None = None, *, door: str = "mqtt"
+        self,
+        tier: str,
+        latency_ms: float | None = None,
+        *,
+        door: str = "mqtt",
+        voice: str | None = None,
     ) -> None:
         self.counters.answer(tier, latency_ms)
         if self.metrics is not None:
             self.metrics.request(door, "ok", tier)
+        if self.activity is not None:
+            self.activity.record(door, "ok", voice=voice, tier=tier, latency_ms=latency_ms)
 
     def count_error(self, code: str = "error", *, door: str = "mqtt") -> None:
         """A refused or failed request; `code` is its error code."""
         self.counters.error()
         if self.metrics is not None:
             self.metrics.request(door, code, None)
+        if self.activity is not None:
+            self.activity.record(door, code)
 
     def voices(self) -> VoiceCatalog:
         engines = self.synthesizer.engines

@@ -16,8 +16,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from tts_bridge.durable import write_atomic
 from tts_bridge.engines.registry import EnginePool, UnknownVoiceError
+from tts_bridge.system.durable import write_atomic
 
 _LOGGER = logging.getLogger(__name__)
 

@@ -2,10 +2,10 @@
 
 Entries come from the configuration (`lexicon` and `lexicon_file`) and from the bridge API
 (`lexicon/set`, `lexicon/remove`), which are kept in ``lexicon.json`` in the state folder
-(written whole and atomically, see tts_bridge.durable) and win over configured ones of the same
-word. The lexicon is applied to each sentence before the text front end, and what it gives is
-what the cache key holds: an edited entry makes the sentences it touches new audio, never
-stale audio.
+(written whole and atomically, see tts_bridge.system.durable) and win over configured ones of
+the same word. The lexicon is applied to each sentence before the text front end, and what it
+gives is what the cache key holds: an edited entry makes the sentences it touches new audio,
+never stale audio.
 """
 
 from __future__ import annotations
@@ -19,9 +19,10 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from tts_bridge.config import LexiconWord, Settings
-from tts_bridge.durable import write_atomic
+from tts_bridge.config import Settings
+from tts_bridge.system.durable import write_atomic
 from tts_bridge.text.lexicon import Entry, Lexicon, LexiconError, key_of, make_entry
+from tts_bridge.text.settings import LexiconWord
 
 _LOGGER = logging.getLogger(__name__)
 

@@ -15,6 +15,7 @@ from typing import Literal
 from tts_bridge.engines import catalog
 from tts_bridge.engines.base import Tier
 from tts_bridge.engines.registry import Voice
+from tts_bridge.speech.request import SpeechRequest
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -96,14 +97,15 @@ class TierRouter:
         self,
         quality: Voice,
         fast: Voice | None,
+        request: SpeechRequest,
         *,
         language: str | None,
         uncached_cost_s: float,
         backlog_s: float,
-        forced: Tier | None = None,
-        budget_ms: int | None = None,
     ) -> Route:
-        """`uncached_cost_s`: the quality tier's work for this text (cached sentences cost ~0)."""
+        """`uncached_cost_s`: the quality tier's work for this text (cached sentences cost ~0);
+        `request` may force a tier or bring its own latency budget."""
+        forced, budget_ms = request.tier, request.budget_ms
         estimate = backlog_s + uncached_cost_s
         if forced == "fast" and fast is not None:
             return Route(fast, "fast", "forced", estimate)

@@ -83,6 +83,47 @@ class Admission:
 ACCEPTED = Admission(True)
 
 
+class Admittable(Protocol):
+    """What the scheduler reads of a job to admit and order it (a pipeline's SpeechJob is
+    one): its cost, priority, origin and whether the cache answers it."""
+
+    @property
+    def estimate_s(self) -> float: ...
+
+    @property
+    def priority(self) -> Priority: ...
+
+    @property
+    def door(self) -> str:
+        """The front end it came through: its share of the queue."""
+        ...
+
+    @property
+    def peer(self) -> str | None:
+        """The client's address, where the door knows it: its share of the queue."""
+        ...
+
+    @property
+    def cached(self) -> bool:
+        """The cache answers it: milliseconds of work, in the fast lane."""
+        ...
+
+
+@dataclass(frozen=True)
+class Ticket:
+    """An `Admittable` of its own, for work that is not a speech job."""
+
+    estimate_s: float = 0.0
+    priority: Priority = "normal"
+    door: str = "other"
+    peer: str | None = None
+    cached: bool = False
+
+
+PLAIN = Ticket()
+"""A normal-priority job of no estimated cost from no door in particular."""
+
+
 @dataclass(eq=False)
 class LiveJob:
     run: Callable[[], None]
@@ -255,26 +296,24 @@ class Scheduler:
     def submit_live(
         self,
         run: Callable[[], None],
-        estimate_s: float = 0.0,
+        work: Admittable = PLAIN,
         *,
         force: bool = False,
         urgent: bool = False,
-        priority: Priority = "normal",
-        door: str = "other",
-        peer: str | None = None,
-        cached: bool = False,
     ) -> Admission:
-        """Queue a live job, or say which limit refuses it (never blocks).
+        """Queue `run` for the job `work` describes, or say which limit refuses it (never
+        blocks).
 
-        `urgent` (fast-tier) and `cached` jobs run in the fast lane, without a synthesis slot.
+        `urgent` (fast-tier) and cached jobs run in the fast lane, without a synthesis slot.
         `force` (a resumed request, already acknowledged) skips every limit but stopping.
         """
         if not self._accepting:
             return Admission(False, "stopping", "the bridge is stopping; retry later")
         now = time.monotonic()
+        estimate_s = work.estimate_s
         with self._cond:
             if not force:
-                refusal = self._refusal(priority, door, peer, cached)
+                refusal = self._refusal(work)
                 if refusal is not None:
                     assert refusal.limit is not None
                     self._refusals[refusal.limit] += 1
@@ -284,10 +323,10 @@ class Scheduler:
                 run,
                 estimate_s,
                 urgent=urgent,
-                priority=priority,
-                door=door,
-                peer=peer,
-                cached=cached,
+                priority=work.priority,
+                door=work.door,
+                peer=work.peer,
+                cached=work.cached,
                 forced=force,
                 seq=self._seq,
                 queued_at=now,
@@ -299,12 +338,10 @@ class Scheduler:
             self._cond.notify_all()
         return ACCEPTED
 
-    def _refusal(
-        self, priority: Priority, door: str, peer: str | None, cached: bool
-    ) -> Admission | None:
+    def _refusal(self, work: Admittable) -> Admission | None:
         """Which limit a new job would break (called with the lock held)."""
         depth = self.depth
-        if cached:
+        if work.cached:
             # Milliseconds of work: refusing it saves nothing. The ceiling only bounds memory
             # under a flood of them.
             if depth < CACHED_CEILING * self._max_queue:
@@ -315,7 +352,7 @@ class Scheduler:
                 f"the bridge is busy: {depth} requests are queued, cache hits included "
                 f"({CACHED_CEILING} x limits.max_queue); retry later",
             )
-        if priority == "alert":
+        if work.priority == "alert":
             if depth < 2 * self._max_queue:
                 return None
             return Admission(
@@ -331,7 +368,7 @@ class Scheduler:
                 f"the bridge is busy: {depth} requests are queued "
                 f"(limits.max_queue: {self._max_queue}); retry later",
             )
-        return self._share_refusal(door, peer)
+        return self._share_refusal(work.door, work.peer)
 
     def _share_refusal(self, door: str, peer: str | None) -> Admission | None:
         # The client's own share first: the more precise answer when both are full.

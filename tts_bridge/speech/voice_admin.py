@@ -23,16 +23,18 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from tts_bridge.config import NAME_PATTERN, Settings, VoiceSettings
+from tts_bridge.config import Settings
 from tts_bridge.engines.base import EngineError
 from tts_bridge.engines.registry import EnginePool, VoiceSetError
-from tts_bridge.voices_file import (
+from tts_bridge.engines.settings import VoiceSettings
+from tts_bridge.engines.voices_file import (
     VoicesFileError,
     chattts_voice_from_seed,
     read_voices,
     remove_voice,
     write_voice,
 )
+from tts_bridge.settings_base import NAME_PATTERN
 
 _LOGGER = logging.getLogger(__name__)
 

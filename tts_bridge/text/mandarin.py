@@ -153,7 +153,12 @@ def latin_word(word: str, english: EnglishPhonemizer | None = None) -> str:
     try:
         phonemes = reader(word)
     except Exception:  # espeak unavailable: spelling the word still says it
-        _LOGGER.warning("English reading of %r failed; spelling it", word, exc_info=True)
+        _LOGGER.warning(
+            "English reading of a word (%d letters) failed; spelling it",
+            len(letters),
+            exc_info=True,
+        )
+        _LOGGER.debug("The word spelled: %r", word)
         phonemes = ""
     return phonemes or spell(letters)
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import re
 import unicodedata
+from collections.abc import Sequence
 
 # Sentence ends: ASCII . ! ? ; followed by space/end, CJK full stops (no space needed), ellipsis.
 _SENTENCE_END = re.compile(
@@ -147,3 +149,60 @@ def split_sentences(text: str) -> list[str]:
         else:
             merged.append(piece)
     return merged
+
+
+# Clause ends: a comma or semicolon before whitespace (not "1,000"), Chinese 、，； without.
+_CLAUSE_END = re.compile(r"(?<=[,;])[\"'”’)\]]*\s+(?=\S)|(?<=[、，；])[\"'”’」』）]*")
+CLAUSE_MIN_UNITS = 30
+"""The shortest clause rendered on its own (in `speech_units`: ten Chinese characters, five or
+six English words): a shorter one joins the next, since a voice says a few words alone with the
+prosody of a whole sentence (Kokoro misreads the tones of a short clause's first words)."""
+CLAUSE_SPLIT_UNITS = 80
+"""Sentences shorter than this (in `speech_units`) are rendered whole."""
+
+
+def speech_units(text: str) -> int:
+    """About how long `text` takes to say, in Latin characters: a Chinese character is a
+    syllable, about three letters."""
+    return len(text) + 2 * len(_CJK.findall(text))
+
+
+def split_clauses(
+    sentence: str, *, split_units: int = CLAUSE_SPLIT_UNITS, min_units: int = CLAUSE_MIN_UNITS
+) -> list[str]:
+    """A long sentence cut after its commas and semicolons (English and Chinese 、，；), each
+    clause keeping its punctuation, short clauses joined to the next (and a short last one to
+    the one before); a sentence under `split_units` stays whole. Joined with single spaces
+    after Latin clauses, the clauses are the sentence again."""
+    if speech_units(sentence) < split_units:
+        return [sentence]
+    pieces: list[str] = []
+    cut = 0
+    for match in _CLAUSE_END.finditer(sentence):
+        if match.end() > cut:
+            pieces.append(sentence[cut : match.end()].strip())
+            cut = match.end()
+    pieces.append(sentence[cut:].strip())
+    clauses: list[str] = []
+    for piece in filter(None, pieces):
+        if clauses and speech_units(clauses[-1]) < min_units:
+            clauses[-1] = _join(clauses[-1], piece)
+        else:
+            clauses.append(piece)
+    if len(clauses) > 1 and speech_units(clauses[-1]) < min_units:
+        last = clauses.pop()
+        clauses[-1] = _join(clauses[-1], last)
+    if not all(is_speakable(c) for c in clauses):
+        return [sentence]
+    return clauses
+
+
+def join_clauses(clauses: Sequence[str]) -> str:
+    """Clauses of one sentence (from `split_clauses`) as one text again."""
+    return functools.reduce(_join, clauses)
+
+
+def _join(first: str, second: str) -> str:
+    return (
+        first + second if _CJK.search(first[-1:]) or first[-1:] in "、，；" else f"{first} {second}"
+    )

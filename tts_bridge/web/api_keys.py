@@ -13,7 +13,7 @@ import logging
 from collections.abc import Iterable
 from pathlib import Path
 
-from tts_bridge.config import HttpSettings
+from tts_bridge.web.settings import HttpSettings
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -49,8 +49,6 @@ class ApiKeys:
         keys = list(settings.api_keys)
         if settings.api_keys_file is not None:
             keys += read_keys_file(settings.api_keys_file)
-        if not keys:
-            _LOGGER.info("The HTTP speech API takes no key: anyone who reaches the port may use it")
         return cls(keys)
 
     @property

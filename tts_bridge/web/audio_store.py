@@ -24,9 +24,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from tts_bridge.audio.formats import CONTAINERS, EXTENSIONS, AudioFormat, Container
 from tts_bridge.config import Settings
-from tts_bridge.durable import is_partial, write_atomic
-from tts_bridge.formats import CONTAINERS, EXTENSIONS, AudioFormat, Container
+from tts_bridge.system.durable import is_partial, write_atomic
 
 _LOGGER = logging.getLogger(__name__)
 

@@ -21,7 +21,6 @@ token (one token is one content) and Last-Modified is when the file was made, ne
 from __future__ import annotations
 
 import asyncio
-import builtins
 import contextlib
 import hashlib
 import logging
@@ -29,7 +28,6 @@ import socket
 import threading
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from email.utils import formatdate
 from pathlib import Path
 from typing import Any, Protocol
@@ -38,17 +36,19 @@ import numpy as np
 import numpy.typing as npt
 from aiohttp import web
 
-from tts_bridge.audio import duration_ms, encode
-from tts_bridge.config import HttpSettings, Settings
-from tts_bridge.connections import (
+from tts_bridge.audio.codec import duration_ms, encode
+from tts_bridge.audio.formats import AudioFormat
+from tts_bridge.config import Settings
+from tts_bridge.speech.delivery import PublishedAudio
+from tts_bridge.system.connections import (
     LISTEN_BACKLOG,
     ConnectionCaps,
     ConnectionGate,
     GatedProtocol,
     LoopFaults,
 )
-from tts_bridge.formats import AudioFormat
 from tts_bridge.web.audio_store import AudioStore
+from tts_bridge.web.settings import HttpSettings
 from tts_bridge.wire import encode_json
 
 _LOGGER = logging.getLogger(__name__)
@@ -77,21 +77,6 @@ def busy_response(limit: str) -> bytes:
 def audio_etag(token: str, size: int) -> str:
     """The same for every copy of one token's file (the token names the content)."""
     return f"{token[:16]}-{size:x}"
-
-
-@dataclass(frozen=True)
-class PublishedAudio:
-    url: str
-    token: str
-    format: AudioFormat
-    content_type: str
-    bytes: int
-    duration_ms: int
-    expires_at: float
-    encoded: bool
-    """False when the same audio in the same format was already stored (no encoding done)."""
-    data: builtins.bytes | None = field(default=None, repr=False, compare=False)
-    """The bytes just encoded and stored (None for a repeat: they are in the store)."""
 
 
 def content_key(audio: npt.NDArray[np.generic], sample_rate: int) -> str:
@@ -130,6 +115,8 @@ class AudioServer:
         clock: Callable[[], float] = time.time,
         status_page: Callable[[], str] | None = None,
         caps: ConnectionCaps | None = None,
+        *,
+        health_report: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
         """`status_page` renders the HTML served at ``/`` (off, a 404, without one); it runs on
         a worker thread of the server's loop, so it may take locks. `caps` are the connection
@@ -142,7 +129,7 @@ class AudioServer:
         )
         self.faults = LoopFaults("HTTP")
         self.status_page = status_page
-        self.health_report: Callable[[], dict[str, Any]] | None = None
+        self.health_report = health_report
         """The bridge's health (``status`` ok or degraded, with the reasons) at /health."""
         self.store = store
         self._clock = clock
@@ -155,8 +142,21 @@ class AudioServer:
         """Route sets registered when the server starts (see `Routes`)."""
 
     @classmethod
-    def from_settings(cls, settings: Settings, caps: ConnectionCaps | None = None) -> AudioServer:
-        return cls(settings.http, AudioStore.from_settings(settings), caps=caps)
+    def from_settings(
+        cls,
+        settings: Settings,
+        caps: ConnectionCaps | None = None,
+        *,
+        health_report: Callable[[], dict[str, Any]] | None = None,
+        status_page: Callable[[], str] | None = None,
+    ) -> AudioServer:
+        return cls(
+            settings.http,
+            AudioStore.from_settings(settings),
+            status_page=status_page,
+            caps=caps,
+            health_report=health_report,
+        )
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -214,7 +214,8 @@ class AudioServer:
         app = web.Application(middlewares=[self._errors_middleware])
         app.on_response_prepare.append(_security_headers)
         app.router.add_get(_ROUTE_PREFIX + "{name}", self._handle_audio)  # HEAD too
-        app.router.add_get("/", self._handle_status)
+        if self.status_page is not None:  # else the web UI's pages are at /, or nothing is
+            app.router.add_get("/", self._handle_status)
         for routes in self.routes:
             routes.register(app)
         app.router.add_get("/health", self._handle_health)

@@ -13,34 +13,44 @@ OpenAI defines it) and Ogg Opus are sent as they are made; MP3 and FLAC are enco
 is refused (``unsupported_format``): no maintained AAC encoder is at hand (libsndfile has none).
 Errors are OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``, with the
 bridge's codes.
+
+A POST that a browser marks as coming from another site's page (``Sec-Fetch-Site``, else an
+``Origin`` that is not this host) is refused (``cross_origin``) unless it carries a valid key:
+without keys any page a household member opens could make the bridge speak (a "simple" POST
+needs no permission from the bridge). Programs send neither header and are not affected; keys
+are for programs, so a keyed request is believed wherever it comes from.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import math
 import time
 import urllib.parse
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
 from typing import Any, cast, get_args
 
 from aiohttp import web
 
-from tts_bridge.audio import EncodeError, encode
-from tts_bridge.audio_stream import STREAM_FORMATS, StreamFormat, stream_encoder
+from tts_bridge.audio.codec import EncodeError, encode
+from tts_bridge.audio.formats import AudioFormat, Container
+from tts_bridge.audio.stream import STREAM_FORMATS, StreamFormat, stream_encoder
 from tts_bridge.config import Settings
 from tts_bridge.engines.base import Tier
-from tts_bridge.formats import AudioFormat, Container
+from tts_bridge.players.announce import TARGET_RE, Announcer
 from tts_bridge.speech.async_delivery import AsyncDelivery, Finished
 from tts_bridge.speech.pipeline import Pipeline, SpeechError, SpeechJob
+from tts_bridge.speech.request import SpeechRequest
 from tts_bridge.speech.scheduler import PRIORITIES, Priority, as_priority
 from tts_bridge.speech.synthesis import AudioPart, Rendering
-from tts_bridge.textlog import short
+from tts_bridge.system.faults import LogThrottle
+from tts_bridge.textlog import short, size
+from tts_bridge.web import origin
 from tts_bridge.web.api_keys import ApiKeys
 from tts_bridge.web.server import AudioServer
-from tts_bridge.wire import JsonTooDeepError, load_json, new_id
+from tts_bridge.wire import JsonTooDeepError, load_json
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -76,6 +86,7 @@ WHOLE_CONTENT_TYPES = {"mp3": "audio/mpeg", "flac": "audio/flac", "wav": "audio/
 _TIERS = get_args(Tier)
 _STATUS = {
     "invalid_api_key": 401,
+    "cross_origin": 403,
     "payload_too_large": 413,
     "request_timeout": 408,
     "busy": 503,
@@ -95,7 +106,9 @@ _OPENAI_KEYS = frozenset(
         "priority",  # the bridge's own (OpenAI clients send it with extra_body)
     }
 )
-_SPEAK_KEYS = frozenset({"text", "voice", "lang", "tier", "format", "speed", "cache", "priority"})
+_SPEAK_KEYS = frozenset(
+    {"text", "voice", "lang", "tier", "format", "speed", "cache", "priority", "target"}
+)
 # A client that sends its body slower than this is holding a connection, not asking.
 BODY_TIMEOUT_S = 15.0
 
@@ -127,23 +140,6 @@ def error_response(exc: ApiRequestError | SpeechError) -> web.Response:
     return web.json_response(error_body(exc.code, str(exc), param), status=status, headers=headers)
 
 
-@dataclass(frozen=True)
-class SpeechRequest:
-    """A parsed request of either endpoint."""
-
-    text: str
-    voice: str | None
-    container: str
-    tier: Tier | None = None
-    speed: float | None = None
-    lang: str | None = None
-    use_cache: bool = True
-    stream: bool = True
-    """Send the audio as it is made when the format allows (the OpenAI endpoint)."""
-    priority: Priority = "normal"
-    """Its place in the queue, as on every door: alert > high > normal > low."""
-
-
 def _string(fields: Mapping[str, Any], key: str, *, required: bool = False) -> str | None:
     value = fields.get(key)
     if value is None:
@@ -155,8 +151,9 @@ def _string(fields: Mapping[str, Any], key: str, *, required: bool = False) -> s
     return value
 
 
-def _speed(value: object) -> float | None:
-    """The request's speed; 1.0 (what many clients always send) keeps the voice's own pace."""
+def _speed(value: object) -> dict[str, object] | None:
+    """The request's speed as its options; 1.0 (what many clients always send) keeps the
+    voice's own pace."""
     if value is None or value == "":
         return None
     try:
@@ -165,7 +162,7 @@ def _speed(value: object) -> float | None:
         raise ApiRequestError("invalid_options", "'speed' must be a number", "speed") from None
     if isinstance(value, bool) or not math.isfinite(speed):
         raise ApiRequestError("invalid_options", "'speed' must be a number", "speed")
-    return None if speed == 1.0 else speed
+    return None if speed == 1.0 else {"speed": speed}
 
 
 def _priority(fields: Mapping[str, Any]) -> Priority:
@@ -192,6 +189,12 @@ def _format(name: str | None, default: str) -> str:
             "response_format",
         )
     return container
+
+
+def _container(speech: SpeechRequest) -> str:
+    """The container a parsed request asked for (the parsers always name one)."""
+    assert speech.format is not None
+    return speech.format
 
 
 def _unknown_keys(fields: Mapping[str, Any], known: frozenset[str]) -> None:
@@ -231,10 +234,12 @@ def parse_openai(fields: Mapping[str, Any], voices: frozenset[str]) -> SpeechReq
     return SpeechRequest(
         text=text,
         voice=voice,
-        container=_format(_string(fields, "response_format"), "mp3"),
+        format=_format(_string(fields, "response_format"), "mp3"),
         tier=MODELS[model],
-        speed=_speed(fields.get("speed")),
+        options=_speed(fields.get("speed")),
         priority=_priority(fields),
+        door=DOOR,
+        target=DOOR,
     )
 
 
@@ -251,16 +256,21 @@ def parse_speak(fields: Mapping[str, Any]) -> SpeechRequest:
         cache = cache.strip().lower() not in ("0", "false", "no", "off")
     if not isinstance(cache, bool):
         raise ApiRequestError("invalid_request", "'cache' must be true or false", "cache")
+    target = _string(fields, "target") or DOOR
+    if target != DOOR and not TARGET_RE.match(target):
+        raise ApiRequestError("invalid_target", "'target' is 1-64 of A-Z a-z 0-9 _ -", "target")
     return SpeechRequest(
         text=text,
         voice=_string(fields, "voice") or None,
-        container=_format(_string(fields, "format"), "wav"),
+        format=_format(_string(fields, "format"), "wav"),
         tier=cast(Tier | None, tier),
-        speed=_speed(fields.get("speed")),
-        lang=_string(fields, "lang") or None,
+        options=_speed(fields.get("speed")),
+        language=_string(fields, "lang") or None,
         use_cache=cache,
         stream=False,
         priority=_priority(fields),
+        door=DOOR,
+        target=target,
     )
 
 
@@ -275,14 +285,17 @@ class SpeechApi:
         *,
         store: AudioServer | None = None,
         clock: Callable[[], float] = time.monotonic,
+        announcer: Announcer | None = None,
     ) -> None:
         """`store`: the server whose audio store keeps encoded answers, so a repeat is not
-        encoded again."""
+        encoded again; `announcer`: delivery to a request's `target` and its media players."""
+        self._announcer = announcer
         self._settings = settings
         self._store = store
         self._pipeline = pipeline
         self._keys = keys
         self._clock = clock
+        self._refusals = LogThrottle(60.0, clock)
         # A request is its text and a few names: room for the longest text, in UTF-8 and
         # JSON-escaped, with the payload limit of the other doors as the floor.
         limits = settings.limits
@@ -309,6 +322,10 @@ class SpeechApi:
                         "a valid API key is required (Authorization: Bearer KEY)",
                     )
                 )
+            # A keyed request is a program's (keys are for programs): believed from anywhere.
+            cross_site = origin.same_origin(request) is False
+            if request.method == "POST" and cross_site and not self._keys.required:
+                return self._cross_origin(request)
             try:
                 return await handler(request)
             except (ApiRequestError, SpeechError) as exc:
@@ -319,6 +336,28 @@ class SpeechApi:
                 return error_response(exc)
 
         return guarded
+
+    def _cross_origin(self, request: web.Request) -> web.StreamResponse:
+        """Refuse another site's page (logged once a minute per client, with the count)."""
+        self._pipeline.count_error("cross_origin", door=DOOR)
+        since = self._refusals.due(request.remote)
+        if since is not None:
+            _LOGGER.warning(
+                "HTTP speech request from %s refused (%d time(s) since the last report): a browser "
+                "page of another site (Origin %s, Sec-Fetch-Site %s); set http.api_keys to "
+                "let a page with a key in",
+                request.remote,
+                since,
+                short(request.headers.get("Origin", "-")),
+                short(request.headers.get("Sec-Fetch-Site", "-")),
+            )
+        return error_response(
+            ApiRequestError(
+                "cross_origin",
+                "a request from another site's web page is refused; programs send no Origin, "
+                "and a request with a valid API key is accepted from anywhere",
+            )
+        )
 
     # descriptions
 
@@ -432,44 +471,35 @@ class SpeechApi:
     def _prepare(self, request: web.Request, speech: SpeechRequest) -> SpeechJob:
         """The door's one call into the pipeline: validation (voice, text, limits) and
         routing; the door and the client's address are its share of the queue."""
-        options = {"speed": speech.speed} if speech.speed is not None else None
-        return self._pipeline.prepare(
-            new_id(),
-            speech.text,
-            voice=speech.voice,
-            lang=speech.lang,
-            options=options,
-            tier=speech.tier,
-            use_cache=speech.use_cache,
-            target=DOOR,
-            door=DOOR,
-            peer=request.remote,
-            priority=speech.priority,
-        )
+        return self._pipeline.prepare(dataclasses.replace(speech, peer=request.remote))
 
     async def _answer(self, request: web.Request, speech: SpeechRequest) -> web.StreamResponse:
         received = self._clock()
         job = self._prepare(request, speech)
         _LOGGER.info(
-            "HTTP speech request %s from %s (%s, %s, %s tier): %s",
+            "HTTP speech request %s from %s (%s, %s, %s tier): %s, %d sentence(s)",
             job.id,
             request.remote,
             job.route.voice.name,
-            speech.container,
+            _container(speech),
             job.route.tier,
-            short(speech.text),
+            size(speech.text),
+            len(job.plan.sentences),
         )
+        _LOGGER.debug("HTTP speech request %s text: %s", job.id, short(speech.text))
         delivery = AsyncDelivery(asyncio.get_running_loop(), self._pipeline)
         admission = self._pipeline.submit(job, delivery.serve)
         if not admission:
             raise SpeechError("busy", admission.message)
         try:
-            if speech.stream and speech.container in STREAM_FORMATS:
+            if speech.stream and _container(speech) in STREAM_FORMATS:
                 response, complete = await self._stream(request, job, delivery, speech)
                 if not complete:
                     return response  # counted as the error it was
             else:
                 response = await self._whole(job, delivery, speech)
+                # The body is whole: aiohttp writes it as this handler returns.
+                self._pipeline.first_byte_sent(job)
         except (ConnectionError, asyncio.CancelledError):
             _LOGGER.info("HTTP speech request %s: the client left before the end", job.id)
             self._pipeline.count_error("client_gone", door=DOOR)
@@ -477,7 +507,9 @@ class SpeechApi:
         finally:
             delivery.abandon()  # a worker still rendering stops at its next part
         latency_ms = round((self._clock() - received) * 1000, 1)
-        self._pipeline.count_answer(job.route.tier, latency_ms, door=DOOR)
+        self._pipeline.count_answer(
+            job.route.tier, latency_ms, door=DOOR, voice=job.route.voice.name
+        )
         return response
 
     def _headers(self, job: SpeechJob, sample_rate: int) -> dict[str, str]:
@@ -510,7 +542,10 @@ class SpeechApi:
             if isinstance(event, Finished):
                 break
         rendering = event.rendering
-        container = speech.container
+        if speech.target != DOOR and self._announcer is not None:  # a target's answer: JSON
+            answer = await self._announcer.answer(speech, rendering)
+            return web.json_response(answer, headers={"Cache-Control": "no-store"})
+        container = _container(speech)
         if container == "wav":  # the rendering's own WAV, sample for sample
             data, content_type, rate = rendering.wav, "audio/wav", rendering.sample_rate
         elif container == "pcm":
@@ -542,7 +577,7 @@ class SpeechApi:
         before anything is sent, so a request refused by the engine still gets an error
         status; a failure after that can only end the connection early (logged)."""
         first = await delivery.next_event()
-        encoder = stream_encoder(cast(StreamFormat, speech.container), job.sample_rate)
+        encoder = stream_encoder(cast(StreamFormat, _container(speech)), job.sample_rate)
         response = web.StreamResponse(headers=self._headers(job, encoder.sample_rate))
         response.content_type = encoder.content_type
         response.enable_chunked_encoding()
@@ -554,6 +589,7 @@ class SpeechApi:
                 data = encoder.feed(event.pcm)
                 if data:
                     await response.write(data)
+                    self._pipeline.first_byte_sent(job)  # the first write's counts
                 event = await delivery.next_event()
             await response.write(encoder.finish())
         except SpeechError as exc:

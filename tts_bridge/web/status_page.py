@@ -37,10 +37,22 @@ def render(
     """The page from the bridge's info and health reports (`Reports.info()`, `.health()`);
     `wyoming` says what the Wyoming server does (`wyoming_state`)."""
     version = str(info.get("version", ""))
+    title = f"{name} {version}".strip()
+    return (
+        "<!DOCTYPE html>\n"
+        '<html lang="en"><head><meta charset="utf-8">'
+        f"<title>{_e(title)}</title></head><body>\n"
+        f"<h1>{_e(name)}</h1>\n"
+        f"{render_section(info, health, wyoming)}"
+        "</body></html>\n"
+    )
+
+
+def render_section(info: Mapping[str, Any], health: Mapping[str, Any], wyoming: str) -> str:
+    """The page's content without the document around it (the web UI's Status section)."""
+    version = str(info.get("version", ""))
     default_voice = str(info.get("default_voice", ""))
     voices: Mapping[str, Mapping[str, Any]] = info.get("voices") or {}
-    title = f"{name} {version}".strip()
-
     voice_rows = "".join(
         "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>".format(
             _e(voice) + (" (default)" if voice == default_voice else ""),
@@ -57,17 +69,12 @@ def render(
         if key in health
     )
     return (
-        "<!DOCTYPE html>\n"
-        '<html lang="en"><head><meta charset="utf-8">'
-        f"<title>{_e(title)}</title></head><body>\n"
-        f"<h1>{_e(name)}</h1>\n"
         f"<p>Version {_e(version)}. Default voice: <b>{_e(default_voice)}</b>. "
         f"Wyoming: {_e(wyoming)}.</p>\n"
         "<h2>Voices</h2>\n"
         "<table><tr><th>Voice</th><th>Engine</th><th>Tier</th><th>Languages</th>"
         f"<th>Description</th></tr>{voice_rows}</table>\n"
         f"<h2>Health</h2>\n<table>{health_rows}</table>\n"
-        "</body></html>\n"
     )
 
 

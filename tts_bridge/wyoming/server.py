@@ -44,9 +44,15 @@ from wyoming.tts import (
 from zeroconf import ServiceInfo
 from zeroconf.asyncio import AsyncZeroconf
 
-from tts_bridge import __version__, audio
-from tts_bridge.config import Settings, WyomingSettings
-from tts_bridge.connections import (
+from tts_bridge import __version__
+from tts_bridge.audio import codec
+from tts_bridge.config import Settings
+from tts_bridge.engines.base import Tier
+from tts_bridge.speech.async_delivery import AsyncDelivery, Finished
+from tts_bridge.speech.pipeline import Pipeline, SpeechError, SpeechJob
+from tts_bridge.speech.request import SpeechRequest
+from tts_bridge.speech.synthesis import AudioPart
+from tts_bridge.system.connections import (
     LISTEN_BACKLOG,
     ConnectionCaps,
     ConnectionGate,
@@ -54,11 +60,7 @@ from tts_bridge.connections import (
     LoopFaults,
     peer_host,
 )
-from tts_bridge.engines.base import Tier
-from tts_bridge.speech.async_delivery import AsyncDelivery, Finished
-from tts_bridge.speech.pipeline import Pipeline, SpeechError
-from tts_bridge.speech.synthesis import Announcement, AudioPart
-from tts_bridge.textlog import short
+from tts_bridge.textlog import short, size
 from tts_bridge.wire import new_id, raw_size
 from tts_bridge.wyoming.events import (
     RequestedVoice,
@@ -78,6 +80,7 @@ from tts_bridge.wyoming.events import (
     service_info,
     text_format_ssml,
 )
+from tts_bridge.wyoming.settings import WyomingSettings
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -167,6 +170,20 @@ class _Answer:
     received: float = field(default_factory=time.monotonic)
     ssml: bool | None = None
     """A client's `text_format: ssml`; None: SSML when the text starts with <speak>."""
+
+    def request(self, text: str, peer: str | None) -> SpeechRequest:
+        """The speech core's request for one job of this answer (`text`: its sentences)."""
+        return SpeechRequest(
+            id=new_id(),
+            text=text,
+            voice=self.voice,
+            language=self.language,
+            tier=self.tier,
+            target=TARGET,
+            ssml=self.ssml,
+            door="wyoming",
+            peer=peer,
+        )
 
 
 @dataclass
@@ -337,7 +354,8 @@ class _Session(AsyncEventHandler):
             return
         answer = self._answer_for(requested_voice(event.data))
         answer.ssml = text_format_ssml(event.data)
-        _LOGGER.info("Wyoming request from %s (%s): %s", self._peer, answer.voice, short(text))
+        _LOGGER.info("Wyoming request from %s (%s): %s", self._peer, answer.voice, size(text))
+        _LOGGER.debug("Wyoming request from %s text: %s", self._peer, short(text))
         self._busy = True
         await self._say(answer, text)
         if not answer.started:  # the pipeline answers every text with audio or an error
@@ -405,7 +423,9 @@ class _Session(AsyncEventHandler):
     def _answered(self, answer: _Answer) -> None:
         self._busy = False
         latency_ms = round((time.monotonic() - answer.received) * 1000, 1)
-        self._server.pipeline.count_answer(answer.tier or "quality", latency_ms, door="wyoming")
+        self._server.pipeline.count_answer(
+            answer.tier or "quality", latency_ms, door="wyoming", voice=answer.voice
+        )
         _LOGGER.info(
             "Wyoming request from %s done: %s tier, %s, %d job(s)",
             self._peer,
@@ -438,17 +458,7 @@ class _Session(AsyncEventHandler):
         """One pipeline job: its audio to the client as each part is ready."""
         pipeline = self._server.pipeline
         try:
-            job = pipeline.prepare(
-                new_id(),
-                text,
-                voice=answer.voice,
-                lang=answer.language,
-                tier=answer.tier,
-                target=TARGET,
-                announcement=Announcement(ssml=answer.ssml),
-                door="wyoming",
-                peer=self._peer_host,
-            )
+            job = pipeline.prepare(answer.request(text, self._peer_host))
         except SpeechError as exc:
             raise WyomingRequestError(exc.code, str(exc)) from None
         if answer.tier is None:
@@ -458,6 +468,7 @@ class _Session(AsyncEventHandler):
         admission = pipeline.submit(job, delivery.serve)
         if not admission:
             raise WyomingRequestError("busy", admission.message)
+        first = True
         try:
             while True:
                 try:
@@ -466,21 +477,27 @@ class _Session(AsyncEventHandler):
                     raise WyomingRequestError(exc.code, str(exc)) from None
                 if isinstance(event, Finished):
                     break
-                await self._send_part(answer, event)
+                await self._send_part(answer, event, job if first else None)
+                first = False
         finally:
             delivery.abandon()  # a worker still rendering stops at its next part
         answer.jobs += 1
 
-    async def _send_part(self, answer: _Answer, part: AudioPart) -> None:
+    async def _send_part(self, answer: _Answer, part: AudioPart, first: SpeechJob | None) -> None:
+        """One part's audio-chunks; `first`: the job whose first audio this is (its first
+        chunk's write is the request's first byte)."""
         pcm = part.pcm
         if part.seq == 0 and answer.jobs and part.sentence == 0:
             # The pause the pipeline puts between the sentences of one job, between jobs too.
-            pcm = np.concatenate([audio.silence(answer.rate, self._server.pause_ms), pcm])
+            pcm = np.concatenate([codec.silence(answer.rate, self._server.pause_ms), pcm])
         if not answer.started:
             await self.write_event(audio_start(answer.rate))
             answer.started = True
         for event in audio_chunks(np.asarray(pcm, dtype="<i2").tobytes(), answer.rate):
             await self.write_event(event)
+            if first is not None:
+                self._server.pipeline.first_byte_sent(first)
+                first = None
 
 
 class WyomingServer:

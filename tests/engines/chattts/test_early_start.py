@@ -18,7 +18,7 @@ import numpy.typing as npt
 import pytest
 
 from tests.support.chattts_tiny import NEEDS_CHATTTS_ONNX
-from tts_bridge import audio
+from tts_bridge.audio import codec
 from tts_bridge.config import load_settings
 from tts_bridge.engines.chattts.common import ChatTTSOptions
 from tts_bridge.engines.chattts.onnx_early import (
@@ -364,11 +364,13 @@ def test_the_setting_reaches_the_engine_and_the_cache_holds_exact_audio(
         engine.early_start = EARLY  # one the tiny model notices
         options = synth.options_for(voice, {"seed": 4})
         parts: list[AudioPart] = []
-        sentence = synth.sentence(voice, 0, TEXT, options, True, on_part=parts.append)
+        sentence = synth.sentence(
+            voice, 0, TEXT, options, True, on_part=parts.append, streaming=True
+        )
         assert engine.last_early_start is not None and engine.last_early_start.previews >= 1
         assert len(parts) >= 3 and [p.last for p in parts] == [False] * (len(parts) - 1) + [True]
         (whole,) = engine.synthesize(TEXT, voice.speaker, options)
-        exact = audio.to_pcm16(whole)
+        exact = codec.to_pcm16(whole)
         # The sentence and its cache entry are the exact audio, not the stream that went out.
         hit = synth.cache.get(synth._key(voice, TEXT, options))
         assert hit is not None

@@ -28,7 +28,7 @@ from tts_bridge.engines.chattts.onnx_format import (
     read_manifest,
 )
 from tts_bridge.engines.chattts.onnx_model import ChatTTSOnnxModel, SamplingParams, code_prompt
-from tts_bridge.manifests import sha256_file
+from tts_bridge.engines.manifests import sha256_file
 
 pytestmark = NEEDS_CHATTTS_ONNX
 

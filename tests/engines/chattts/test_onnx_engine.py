@@ -48,7 +48,7 @@ from tts_bridge.engines.chattts.onnx_model import (
 from tts_bridge.engines.chattts.onnx_stream import istft
 from tts_bridge.engines.chattts.speaker import encode_spk_emb, sample_spk_emb
 from tts_bridge.engines.chattts.torch_engine import CHECKPOINT_FILES, SPK_STAT_FILE, ChatTTSEngine
-from tts_bridge.manifests import sha256_file
+from tts_bridge.engines.manifests import sha256_file
 
 THREADS = 1
 TEXTS = ["the washing machine has finished", "客厅的灯已经打开了"]

@@ -45,7 +45,7 @@ from tts_bridge.engines.chattts.refine import (
     refine_budget,
     text_prompt,
 )
-from tts_bridge.manifests import sha256_file
+from tts_bridge.engines.manifests import sha256_file
 
 THREADS = 1
 TEXTS = ["the washing machine has finished", "客厅的灯已经打开了"]

@@ -53,7 +53,7 @@ from tts_bridge.engines.chattts.torch_engine import (
     official_sha256,
     read_checkpoint,
 )
-from tts_bridge.manifests import sha256_file
+from tts_bridge.engines.manifests import sha256_file
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 ENGLISH = "The washing machine has finished."

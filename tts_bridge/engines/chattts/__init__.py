@@ -21,36 +21,37 @@ from typing import TYPE_CHECKING
 from tts_bridge.engines.base import Engine
 from tts_bridge.engines.catalog import EngineContext, EngineSpec, register
 from tts_bridge.engines.chattts.common import ChatTTSEngineBase, ChatTTSOptions
+from tts_bridge.engines.chattts.voice_options import ChatTTSOnnxVoiceOptions, ChatTTSVoiceOptions
 
 if TYPE_CHECKING:
-    from tts_bridge.config import VoiceSettings
-    from tts_bridge.engines.catalog import VoiceFactory
-    from tts_bridge.engines.registry import EnginePool
+    from tts_bridge.engines.registry import EnginePool, VoiceFactory
+    from tts_bridge.engines.settings import VoiceSettings
 
 __all__ = ["CHATTTS", "CHATTTS_ONNX"]
 
 
 def _speaker(voice: VoiceSettings) -> str | None:
-    return voice.spk_emb
+    return ChatTTSOnnxVoiceOptions.of(voice).spk_emb
 
 
 def _check_speaker(voice: VoiceSettings) -> None:
     """A configured spk_emb is the one its SHA-256 names and a well-formed speaker: a changed
     character would silently be another voice."""
-    if voice.spk_emb is None:
+    given = ChatTTSOnnxVoiceOptions.of(voice)
+    if given.spk_emb is None:
         return
     from tts_bridge.engines.chattts.speaker import SpeakerError, validate_spk_emb
 
-    actual = hashlib.sha256(voice.spk_emb.encode()).hexdigest()
-    if voice.spk_emb_sha256 is None:
+    actual = hashlib.sha256(given.spk_emb.encode()).hexdigest()
+    if given.spk_emb_sha256 is None:
         raise ValueError(f"spk_emb_sha256 is missing (the spk_emb's SHA-256 is {actual})")
-    if actual != voice.spk_emb_sha256.lower():
+    if actual != given.spk_emb_sha256.lower():
         raise ValueError(
-            f"spk_emb does not match spk_emb_sha256 (expected {voice.spk_emb_sha256}, "
+            f"spk_emb does not match spk_emb_sha256 (expected {given.spk_emb_sha256}, "
             f"actual {actual}): the embedding was changed"
         )
     try:
-        validate_spk_emb(voice.spk_emb)
+        validate_spk_emb(given.spk_emb)
     except SpeakerError as exc:
         raise ValueError(f"spk_emb is malformed: {exc}") from exc
 
@@ -115,7 +116,7 @@ CHATTTS = register(
         model_hint="the checkpoint folder",
         runtime_mb=900,
         options=ChatTTSOptions,
-        voice_keys=frozenset({"spk_emb", "backend"}),
+        voice_options=ChatTTSVoiceOptions,
         speaker=_speaker,
         check_voice=_check_speaker,
         check_files=_check_checkpoint,
@@ -133,7 +134,7 @@ CHATTTS_ONNX = register(
         languages=ChatTTSEngineBase.languages,
         model_hint="the export folder",
         options=ChatTTSOptions,
-        voice_keys=frozenset({"spk_emb"}),
+        voice_options=ChatTTSOnnxVoiceOptions,
         speaker=_speaker,
         check_voice=_check_speaker,
         check_files=None,  # the engine checks the export's files against its manifest.json

@@ -30,7 +30,7 @@ from tts_bridge.engines.chattts.speaker import (
     sample_spk_emb,
     validate_spk_emb,
 )
-from tts_bridge.manifests import sha256_file
+from tts_bridge.engines.manifests import sha256_file
 from tts_bridge.text.sentences import is_speakable, split_sentences
 
 __all__ = [

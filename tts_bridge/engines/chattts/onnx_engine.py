@@ -61,9 +61,9 @@ from tts_bridge.engines.chattts.speaker import (
     sample_spk_emb,
     validate_spk_emb,
 )
-from tts_bridge.manifests import sha256_file
+from tts_bridge.engines.manifests import sha256_file
 from tts_bridge.text.sentences import is_speakable
-from tts_bridge.textlog import short
+from tts_bridge.textlog import short, size
 
 __all__ = [
     "SAMPLES_PER_CODE",
@@ -362,7 +362,7 @@ class ChatTTSOnnxEngine(ChatTTSEngineBase[_Loaded]):
             except EngineError:
                 raise
             except Exception as exc:  # onnxruntime's errors have no common public base class
-                raise EngineError(f"ChatTTS ONNX failed on {short(spoken[0])}: {exc}") from exc
+                raise EngineError(f"ChatTTS ONNX failed on {size(spoken[0])}: {exc}") from exc
         yield audible(audio), False
 
     def _early(
@@ -445,7 +445,7 @@ class ChatTTSOnnxEngine(ChatTTSEngineBase[_Loaded]):
             except EngineError:
                 raise  # SynthesisInterruptedError among them: not a failure
             except Exception as exc:  # onnxruntime's errors have no common public base class
-                raise EngineError(f"ChatTTS ONNX failed on {short(spoken[0])}: {exc}") from exc
+                raise EngineError(f"ChatTTS ONNX failed on {size(spoken[0])}: {exc}") from exc
         for index, wave in zip(wanted, audio, strict=True):
             clips[index] = audible(wave)
         return clips

@@ -14,9 +14,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from tts_bridge.durable import write_atomic
-from tts_bridge.engines.base import EngineError, Precision
-from tts_bridge.manifests import sha256_file
+from tts_bridge.engines.base import EngineError
+from tts_bridge.engines.manifests import sha256_file
+from tts_bridge.engines.settings import Precision
+from tts_bridge.system.durable import write_atomic
 
 __all__ = [
     "COMMON_FILES",

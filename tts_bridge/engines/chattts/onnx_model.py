@@ -55,6 +55,7 @@ from tts_bridge.engines.chattts.onnx_stream import (
     measure_reach,
 )
 from tts_bridge.engines.chattts.speaker import decode_spk_emb
+from tts_bridge.engines.onnx_voice import options_for
 
 __all__ = [
     "FOLD_EVERY",
@@ -315,26 +316,9 @@ class StepTimes:
 
 
 def session_options(threads: int, *, arena: bool = True, spinning: bool = True) -> Any:
-    """onnxruntime session options: intra-op ``threads``, inter-op 1, sequential execution.
-
-    ``spinning`` lets idle worker threads busy-wait for the next operator (onnxruntime's
-    default). A GPT step is a thousand small operators, so on cores of its own spinning makes
-    the code loop markedly faster. When other processes want the cores it is a cliff instead:
-    the pool waits on descheduled threads and the loop runs slower than without spinning
-    (docs/benchmarks.md has the figures). Turn it off where the thread plan expects to share the
-    cores.
-    """
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
-    options.intra_op_num_threads = max(1, threads)
-    options.inter_op_num_threads = 1
-    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    options.enable_cpu_mem_arena = arena
-    options.log_severity_level = 3  # warnings about unused initializers are noise here
-    return options
+    """onnxruntime session options: intra-op ``threads``, inter-op 1, sequential execution;
+    the ones every ONNX voice gets (``engines.onnx_voice``, where spinning is explained)."""
+    return options_for(threads, spinning=spinning, arena=arena)
 
 
 class ChatTTSOnnxModel:

@@ -14,10 +14,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from tts_bridge.config import AUTO_FAST_VOICE, FALLBACK_FAST_VOICE, VoiceSettings
 from tts_bridge.engines import catalog
 from tts_bridge.engines.base import EngineError
+from tts_bridge.engines.catalog import FALLBACK_FAST_VOICE
+from tts_bridge.engines.chattts.voice_options import ChatTTSVoiceOptions
 from tts_bridge.engines.registry import EnginePool, Voice
+from tts_bridge.engines.settings import AUTO_FAST_VOICE, VoiceSettings
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -42,7 +44,7 @@ def find_chattts_exports(models_dir: Path) -> list[OnnxExport]:
     folders directly under ``models_dir`` whose manifest.json is a chattts-onnx one. Recorded
     exports come first, then by name."""
     from tts_bridge.engines.chattts.onnx_format import MANIFEST_FILE, precision_files, read_manifest
-    from tts_bridge.manifests import ManifestError, user_manifests
+    from tts_bridge.engines.manifests import ManifestError, user_manifests
 
     candidates: dict[Path, tuple[str, bool]] = {}
     try:
@@ -108,8 +110,9 @@ class ChatTTSVoices:
     def _voice(
         self, name: str, voice: VoiceSettings, model: Path | None
     ) -> tuple[Voice, Voice | None]:
-        """The voice on the backend its settings ask for (see VoiceSettings.backend)."""
+        """The voice on the backend its settings ask for (see ChatTTSVoiceOptions.backend)."""
         pool = self._pool
+        given = ChatTTSVoiceOptions.of(voice)
         resolved = voice
         if voice.fast_voice == AUTO_FAST_VOICE:
             # Resolved below to the INT8 tier when the export has one; this is the fallback.
@@ -122,14 +125,14 @@ class ChatTTSVoices:
 
         def on_torch(note: str) -> Voice:
             engine = pool.engine("chattts", model, voice.precision)
-            return Voice(name, engine, voice.spk_emb, on_torch_settings, tier, "torch", note)
+            return Voice(name, engine, given.spk_emb, on_torch_settings, tier, "torch", note)
 
-        if voice.backend == "torch" or model is None:
+        if given.backend == "torch" or model is None:
             # No model: the pool refuses it with the reason.
             return on_torch("set by the voice (backend: torch)"), None
         export, why = self._find_export(model)
         if export is None:
-            if voice.backend == "onnx":
+            if given.backend == "onnx":
                 raise EngineError(
                     f"voices.{name}.backend: onnx needs an ONNX export of {model}, and {why}; "
                     f"run: tts-bridge models export chattts --from {model} "
@@ -137,8 +140,8 @@ class ChatTTSVoices:
                 )
             return on_torch(f"auto: {why}"), None
         engine = pool.engine("chattts-onnx", export.folder, "fp32", variant=":backend")
-        note = f"{voice.backend}: FP32 graphs of the ONNX export {export.name} ({export.folder})"
-        if voice.backend == "auto":
+        note = f"{given.backend}: FP32 graphs of the ONNX export {export.name} ({export.folder})"
+        if given.backend == "auto":
             pool.add_fallback(
                 engine,
                 name,
@@ -149,7 +152,7 @@ class ChatTTSVoices:
         if fast is not None:
             resolved = voice.model_copy(update={"fast_voice": fast.name})
             note += f"; fast tier {fast.name} (INT8 graphs, same speaker)"
-        return Voice(name, engine, voice.spk_emb, resolved, tier, "onnx", note), fast
+        return Voice(name, engine, given.spk_emb, resolved, tier, "onnx", note), fast
 
     def _int8_fast_voice(self, name: str, voice: VoiceSettings, export: OnnxExport) -> Voice | None:
         """The same speaker on the export's INT8 graphs, as the fast tier of a ChatTTS voice
@@ -163,13 +166,14 @@ class ChatTTSVoices:
             return None
         if not export.has_int8:
             return None
+        given = ChatTTSVoiceOptions.of(voice)
         settings = VoiceSettings(
             engine="chattts-onnx",
             model=export.folder,
             precision="int8",
             tier="fast",
-            spk_emb=voice.spk_emb,
-            spk_emb_sha256=voice.spk_emb_sha256,
+            spk_emb=given.spk_emb,
+            spk_emb_sha256=given.spk_emb_sha256,
             options=dict(voice.options),
             speed=voice.speed,
             description=f"{name} on the INT8 graphs of {export.name} (its fast tier)",
@@ -178,7 +182,7 @@ class ChatTTSVoices:
         return Voice(
             fast_name,
             engine,
-            voice.spk_emb,
+            given.spk_emb,
             settings,
             "fast",
             "onnx",

@@ -59,7 +59,7 @@ from tts_bridge.engines.chattts.onnx_model import (
     SamplingParams,
     session_options,
 )
-from tts_bridge.textlog import short
+from tts_bridge.textlog import short, size
 
 __all__ = [
     "EOS_TOKEN",
@@ -199,7 +199,7 @@ class TextRefiner:
         except EngineError:
             raise
         except Exception as exc:  # onnxruntime's errors have no common public base class
-            raise EngineError(f"ChatTTS ONNX refine failed on {short(texts[0])}: {exc}") from exc
+            raise EngineError(f"ChatTTS ONNX refine failed on {size(texts[0])}: {exc}") from exc
         refined = [self.decode(row) for row in ids]
         for before, after in zip(texts, refined, strict=True):
             _LOGGER.debug("ChatTTS ONNX refined %s -> %s", short(before), short(after))

@@ -53,8 +53,8 @@ from tts_bridge.engines.chattts.speaker import (
     sample_spk_emb,
     validate_spk_emb,
 )
-from tts_bridge.manifests import sha256_file
-from tts_bridge.textlog import short
+from tts_bridge.engines.manifests import sha256_file
+from tts_bridge.textlog import short, size
 
 __all__ = [
     "CHECKPOINT_FILES",
@@ -501,7 +501,7 @@ class ChatTTSEngine(ChatTTSEngineBase[_Loaded]):
                     params_infer_code=code_params,
                 )
             except (RuntimeError, ValueError, IndexError, AssertionError) as exc:
-                raise EngineError(f"ChatTTS failed on {short(text)}: {exc}") from exc
+                raise EngineError(f"ChatTTS failed on {size(text)}: {exc}") from exc
         # An interrupted generation returns what it had so far: never cache that.
         check_interrupt()
         audio = np.asarray(wavs[0], dtype=np.float32).reshape(-1)
