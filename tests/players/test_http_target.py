@@ -43,6 +43,8 @@ def bridge(stub: HomeAssistantStub, tmp_path: Path) -> Iterator[tuple[app.Servic
         "targets": {
             "kitchen": {"media_players": [KITCHEN], "lead_in_ms": LEAD_IN_MS},
             "downstairs": {"media_players": [KITCHEN, HALL]},
+            "porch": {"chime": "ding", "format": "flac"},
+            "quiet": {"gain_db": -6.0, "format": "wav"},
         },
         "homeassistant": {"url": stub.url, "token": TOKEN},
     }
@@ -106,3 +108,42 @@ def test_without_a_target_the_answer_is_the_audio_and_a_bad_target_is_refused(
     status, data = speak(port, {"text": "Hello.", "target": "no/slashes"})
     assert status == 400 and data["error"]["code"] == "invalid_target"
     assert stub.service_calls("play_media") == []
+
+
+def fetch(url: str) -> tuple[np.ndarray, int]:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        samples, rate = soundfile.read(io.BytesIO(response.read()), dtype="int16")
+    return samples, rate
+
+
+def test_a_target_gives_the_http_request_its_chime_gain_and_format_as_it_does_a_say(
+    bridge: tuple[app.Service, int],
+) -> None:
+    _, port = bridge
+    text = "The back door is open."
+    status, plain = speak(port, {"text": text, "target": "nowhere", "format": "wav"})
+    assert status == 200, plain
+    assert plain["format"] == "wav"
+    # The target's chime before the words, in the target's format.
+    status, porch = speak(port, {"text": text, "target": "porch"})
+    assert status == 200, porch
+    assert porch["format"] == "flac" and porch["url"].endswith(".flac")
+    assert porch["duration_ms"] >= plain["duration_ms"] + 500, (porch, plain)
+    # The request's own format wins over the target's, as in a say.
+    status, named = speak(port, {"text": text, "target": "porch", "format": "wav"})
+    assert status == 200 and named["format"] == "wav", named
+    # The target's gain on the same samples (the cache keeps them at full scale).
+    status, quiet = speak(port, {"text": text, "target": "quiet"})
+    assert status == 200 and quiet["cached"] is True, quiet
+    loud, rate = fetch(plain["url"])
+    soft, soft_rate = fetch(quiet["url"])
+    assert rate == soft_rate and loud.shape == soft.shape
+    expected = np.round(loud.astype(np.float64) * 10 ** (-6 / 20))
+    assert np.max(np.abs(soft - expected)) <= 1
+    assert np.max(np.abs(soft)) < 0.6 * np.max(np.abs(loud))
+
+
+def test_a_target_audio_is_a_file_so_pcm_is_refused(bridge: tuple[app.Service, int]) -> None:
+    _, port = bridge
+    status, data = speak(port, {"text": "Hello.", "target": "quiet", "format": "pcm"})
+    assert status == 400 and data["error"]["code"] == "unsupported_format", data

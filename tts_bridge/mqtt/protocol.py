@@ -23,7 +23,7 @@ from pydantic import (
 
 from tts_bridge.audio.formats import AudioFormat, FormatError
 from tts_bridge.engines.base import SynthesisOptions, check_option_ranges
-from tts_bridge.speech.request import SpeechRequest
+from tts_bridge.speech.request import SpeechRequest, with_target_defaults
 from tts_bridge.speech.scheduler import PRIORITIES, Priority, as_priority
 from tts_bridge.speech.settings import LimitsSettings, TargetSettings
 from tts_bridge.text.sentences import clean
@@ -158,7 +158,7 @@ def speech_request(
 ) -> SpeechRequest:
     """The speech core's request for a say request; `target` is its say target's settings
     (their chimes are the request's defaults)."""
-    return SpeechRequest(
+    request = SpeechRequest(
         id=say.id,
         text=say.text,
         voice=say.voice,
@@ -168,8 +168,6 @@ def speech_request(
         priority=say.priority,
         chime=say.chime,
         chime_after=say.chime_after,
-        default_chime=target.chime if target is not None else None,
-        default_chime_after=target.chime_after if target is not None else None,
         ssml=say.ssml,
         door="mqtt",
         target=say.target,
@@ -177,10 +175,9 @@ def speech_request(
         use_cache=say.use_cache,
         stream=say.stream,
         budget_ms=say.latency_budget_ms,
-        # The target's gain is applied after the cache, which keeps full-scale audio.
-        volume=10 ** (target.gain_db / 20) if target is not None and target.gain_db else None,
         received=received,
     )
+    return with_target_defaults(request, target)
 
 
 def mqtt_safe(value: str) -> bool:

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import re
-from typing import Any
+from typing import Any, cast
 
+from tts_bridge.audio.formats import AudioFormat, Container
 from tts_bridge.players.service import Outcomes, Players, PlayOrder
 from tts_bridge.speech.delivery import AudioDelivery, Delivered
 from tts_bridge.speech.request import SpeechRequest
@@ -42,8 +43,9 @@ class Announcer:
         loop = asyncio.get_running_loop()
         target = request.target
         rendering = self._delivery.with_lead(target, rendering)
-        # The URL's format is the target's (else http.format), as for a say without a format.
-        how = self._delivery.for_target(target)
+        # The format asked for, else the target's (else http.format), as for a say.
+        asked = AudioFormat(cast(Container, request.format)) if request.format else None
+        how = self._delivery.for_target(target, asked)
         # Off the loop: encoding is CPU work, and the store writes files.
         delivered = await loop.run_in_executor(None, self._delivery.deliver, how, rendering)
         data: dict[str, Any] = {

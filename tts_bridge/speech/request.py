@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from tts_bridge.engines.base import Tier
 from tts_bridge.speech.scheduler import Priority
+from tts_bridge.speech.settings import TargetSettings
 from tts_bridge.wire import new_id
 
 
@@ -81,3 +82,17 @@ class SpeechRequest:
             default_chime_after=self.default_chime_after,
             ssml=self.ssml,
         )
+
+
+def with_target_defaults(request: SpeechRequest, target: TargetSettings | None) -> SpeechRequest:
+    """`request` with what its say target (targets.<t>) gives every request to it, whichever
+    door it came through: the target's chimes where the request names none, and its gain as
+    the volume factor (applied after the cache, which keeps full-scale audio)."""
+    if target is None:
+        return request
+    return replace(
+        request,
+        default_chime=target.chime,
+        default_chime_after=target.chime_after,
+        volume=10 ** (target.gain_db / 20) if target.gain_db else request.volume,
+    )

@@ -42,7 +42,7 @@ from tts_bridge.engines.base import Tier
 from tts_bridge.players.announce import TARGET_RE, Announcer
 from tts_bridge.speech.async_delivery import AsyncDelivery, Finished
 from tts_bridge.speech.pipeline import Pipeline, SpeechError, SpeechJob
-from tts_bridge.speech.request import SpeechRequest
+from tts_bridge.speech.request import SpeechRequest, with_target_defaults
 from tts_bridge.speech.scheduler import PRIORITIES, Priority, as_priority
 from tts_bridge.speech.synthesis import AudioPart, Rendering
 from tts_bridge.system.faults import LogThrottle
@@ -191,6 +191,21 @@ def _format(name: str | None, default: str) -> str:
     return container
 
 
+def _target_format(name: str | None) -> str | None:
+    """The format of a target's audio when the request names one; None = the target's own
+    (targets.<t>.format, else http.format), as for a say without a format."""
+    if name is None:
+        return None
+    container = _format(name, "wav")
+    if container == "pcm":
+        raise ApiRequestError(
+            "unsupported_format",
+            "a target's audio is a file behind a URL: use wav, flac, mp3 or opus",
+            "format",
+        )
+    return container
+
+
 def _container(speech: SpeechRequest) -> str:
     """The container a parsed request asked for (the parsers always name one)."""
     assert speech.format is not None
@@ -259,10 +274,11 @@ def parse_speak(fields: Mapping[str, Any]) -> SpeechRequest:
     target = _string(fields, "target") or DOOR
     if target != DOOR and not TARGET_RE.match(target):
         raise ApiRequestError("invalid_target", "'target' is 1-64 of A-Z a-z 0-9 _ -", "target")
+    fmt = _string(fields, "format")
     return SpeechRequest(
         text=text,
         voice=_string(fields, "voice") or None,
-        format=_format(_string(fields, "format"), "wav"),
+        format=_format(fmt, "wav") if target == DOOR else _target_format(fmt),
         tier=cast(Tier | None, tier),
         options=_speed(fields.get("speed")),
         language=_string(fields, "lang") or None,
@@ -466,7 +482,10 @@ class SpeechApi:
                 raise ApiRequestError("invalid_utf8", "the request is not UTF-8") from None
         else:
             fields = await self._json(request)
-        return await self._answer(request, parse_speak(fields))
+        speech = parse_speak(fields)
+        if speech.target != DOOR:
+            speech = with_target_defaults(speech, self._settings.targets.get(speech.target))
+        return await self._answer(request, speech)
 
     def _prepare(self, request: web.Request, speech: SpeechRequest) -> SpeechJob:
         """The door's one call into the pipeline: validation (voice, text, limits) and
@@ -481,7 +500,7 @@ class SpeechApi:
             job.id,
             request.remote,
             job.route.voice.name,
-            _container(speech),
+            speech.format or "the target's format",
             job.route.tier,
             size(speech.text),
             len(job.plan.sentences),
