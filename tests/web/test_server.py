@@ -429,6 +429,14 @@ def test_the_status_page_escapes_what_it_shows() -> None:
     assert "Wyoming: port 10200" in page
 
 
+def test_the_status_page_shows_counts_per_tier_as_words() -> None:
+    health = {"answers": {"quality": 3, "fast": 0, "<x>": 1}}
+    page = status_page.render("bridge", {}, health, "off")
+    assert "<td>quality: 3, &lt;x&gt;: 1</td>" in page, page
+    assert "{" not in page
+    assert "<td>none</td>" in status_page.render("bridge", {}, {"answers": {"fast": 0}}, "off")
+
+
 def test_the_status_page_says_when_the_wyoming_port_could_not_be_opened() -> None:
     assert status_page.wyoming_state(enabled=False, serving=False, port=10200) == "off"
     assert status_page.wyoming_state(enabled=True, serving=True, port=10200) == "port 10200"

@@ -88,11 +88,20 @@ def wyoming_state(enabled: bool, serving: bool, port: int) -> str:
     return f"not listening (port {port} could not be opened; see the log)"
 
 
+def counts(value: Any) -> str:
+    """{"quality": 2, "fast": 0} as "quality: 2" (zeros left out; "none" when all are)."""
+    if not isinstance(value, Mapping):
+        return "none"
+    return ", ".join(f"{k}: {v}" for k, v in value.items() if v) or "none"
+
+
 def _value(key: str, value: Any) -> str:
     if value is None:
         return "–"
     if key == "cache_hit_rate" and isinstance(value, int | float):
         return f"{value:.0%}"
+    if isinstance(value, Mapping):  # counts per tier or door, not a Python dict's repr
+        return counts(value)
     return str(value)
 
 

@@ -13,6 +13,8 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from tts_bridge.web.status_page import counts
+
 PAGES = (
     ("./", "speak", "Speak"),
     ("pronunciations", "pronunciations", "Pronunciations"),
@@ -415,13 +417,6 @@ def activity_rows(entries: Iterable[Mapping[str, Any]]) -> str:
     )
 
 
-def _counts(counts: Any) -> str:
-    """{"mqtt": 2, "http": 0} as "mqtt: 2" (zeros left out; "none" when all are)."""
-    if not isinstance(counts, Mapping):
-        return "none"
-    return ", ".join(f"{k}: {v}" for k, v in counts.items() if v) or "none"
-
-
 def state_facts(state: Mapping[str, Any]) -> str:
     lanes = state.get("queue_lanes") or {}
     lane_text = ", ".join(f"{k}: {sum(v.values())}" for k, v in lanes.items()) or "empty"
@@ -431,9 +426,9 @@ def state_facts(state: Mapping[str, Any]) -> str:
         ("Queue per lane", lane_text),
         ("Synthesizing now", state.get("active")),
         ("Background work pending", state.get("background_pending")),
-        ("Queued per door", _counts(state.get("queue_doors"))),
-        ("Answers since start", _counts(state.get("answers"))),
-        ("Refused busy", _counts(state.get("busy_refusals"))),
+        ("Queued per door", counts(state.get("queue_doors"))),
+        ("Answers since start", counts(state.get("answers"))),
+        ("Refused busy", counts(state.get("busy_refusals"))),
         ("Last latency", _latency(state.get("last_latency_ms"))),
         ("Broker", "connected" if state.get("connected") else "not connected"),
         ("Resident memory", f"{state.get('rss_mb')} MB"),
