@@ -221,13 +221,19 @@ def test_broker_check_reports_the_bridge_state(tmp_path: Path, broker: LocalBrok
 
 
 @pytest.mark.slow
+def _no_servers_to_ask() -> dict[str, str]:
+    """HTTP and Wyoming ports nobody listens on, so the health check goes to the broker (and a
+    bridge running on this machine's default ports is not asked instead)."""
+    return {"TTS_BRIDGE_HTTP__PORT": str(free_port()), "TTS_BRIDGE_WYOMING__PORT": str(free_port())}
+
+
 def test_container_health_follows_the_real_bridge(
     tmp_path: Path, broker: LocalBroker, bridge_factory: BridgeFactory
 ) -> None:
     # Settings come as the container passes them: a config file named by TTS_BRIDGE_CONFIG.
     config = tmp_path / "health.yaml"
     config.write_text(f"mqtt:\n  port: {broker.port}\n", encoding="utf-8")
-    environ = {"TTS_BRIDGE_CONFIG": str(config)}
+    environ = {"TTS_BRIDGE_CONFIG": str(config), **_no_servers_to_ask()}
     assert container_health(environ) == 1, "no bridge yet: unhealthy"
 
     bridge = bridge_factory()
@@ -242,14 +248,18 @@ def test_container_health_defaults_and_environment(tmp_path: Path, broker: Local
     missing_default = tmp_path / "no-config.yaml"
     with MqttProbe(broker.host, broker.port) as probe:
         probe.publish("house/bridge/state", b'{"state": "online"}', retain=True)
-    environ = {"TTS_BRIDGE_MQTT__PORT": str(broker.port), "TTS_BRIDGE_MQTT__BASE_TOPIC": "house"}
+    environ = {
+        "TTS_BRIDGE_MQTT__PORT": str(broker.port),
+        "TTS_BRIDGE_MQTT__BASE_TOPIC": "house",
+        **_no_servers_to_ask(),
+    }
 
     assert container_health(environ, default_config=missing_default) == 0
 
     # The default config path is read when it exists, as docker/entrypoint.sh does.
     default = tmp_path / "config.yaml"
     default.write_text("mqtt:\n  base_topic: elsewhere\n", encoding="utf-8")
-    environ = {"TTS_BRIDGE_MQTT__PORT": str(broker.port)}
+    environ = {"TTS_BRIDGE_MQTT__PORT": str(broker.port), **_no_servers_to_ask()}
     assert container_health(environ, default_config=default) == 1
 
     environ["TTS_BRIDGE_MQTT__PORT"] = str(free_port())
