@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import logging
 import os
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -61,6 +63,30 @@ def test_an_unwritable_cache_moves_to_a_temporary_folder_with_one_line(
     assert report["status"] == "degraded"
     assert set(report["degraded"]) == {"cache"}
     assert settings.cache.dir == cache, "the settings given are not changed"
+
+
+def test_the_temporary_folders_go_when_the_process_ends(tmp_path: Path) -> None:
+    """Each start on an unwritable mount makes new ones: none may outlive its process."""
+    script = (
+        "import sys\n"
+        "from tts_bridge.system import folders\n"
+        "from tts_bridge.system.degraded import Degraded\n"
+        "from tests.test_folders import blocked, settings_with\n"
+        "from pathlib import Path\n"
+        "tmp = Path(sys.argv[1])\n"
+        "s = folders.prepare(settings_with(tmp, cache=blocked(tmp, 'cache'), "
+        "state=blocked(tmp, 'state')), Degraded())\n"
+        "print(s.cache.dir, s.journal.path.parent)\n"
+        "(s.cache.dir / 'entry').write_text('x')\n"
+    )
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path)],
+        capture_output=True, text=True, check=True, cwd=root, timeout=120,
+    )  # fmt: skip
+    made = [Path(p) for p in done.stdout.split()]
+    assert len(made) == 2 and all(p.name.startswith("tts_bridge-") for p in made), done.stdout
+    assert not any(p.exists() for p in made), made
 
 
 def test_an_unwritable_state_folder_keeps_the_client_id(tmp_path: Path) -> None:

@@ -4,15 +4,17 @@ The usual mistake in a container is a bind mount owned by root (``-v $PWD/cache:
 while the bridge runs as uid 10001: opening the cache there used to end in a PermissionError
 traceback, and a restart policy turned that into a loop. Here each such folder gives one log
 line naming the folder, its owner and the fix, and the bridge runs without that part: the
-cache and the state folder move to a temporary folder (kept until the process ends, so the
+cache and the state folder move to a temporary folder (removed when the process ends, so the
 bridge still caches and still serves audio URLs, just not across a restart); a models folder
 that cannot be written only stops ``models add`` from recording files there.
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -64,17 +66,22 @@ cache treats it filling up like a full disk."""
 
 
 def _temporary(part: str) -> Path:
+    """A fresh folder for `part`, removed when the process ends: a bridge restarted again and
+    again with the same unwritable mount would otherwise leave one behind per start (on
+    /dev/shm, in memory)."""
     try:
-        return Path(tempfile.mkdtemp(prefix=f"tts_bridge-{part}-"))
+        folder = Path(tempfile.mkdtemp(prefix=f"tts_bridge-{part}-"))
     except OSError as exc:
         problem = exc
-    try:
-        return Path(tempfile.mkdtemp(prefix=f"tts_bridge-{part}-", dir=LAST_RESORT))
-    except OSError:
-        raise FolderError(
-            f"no writable folder for the {part}: {problem.strerror} (mount a writable volume, "
-            "or a tmpfs on /tmp for a read-only container)"
-        ) from None
+        try:
+            folder = Path(tempfile.mkdtemp(prefix=f"tts_bridge-{part}-", dir=LAST_RESORT))
+        except OSError:
+            raise FolderError(
+                f"no writable folder for the {part}: {problem.strerror} (mount a writable "
+                "volume, or a tmpfs on /tmp for a read-only container)"
+            ) from None
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return folder
 
 
 def prepare(settings: Settings, degraded: Degraded) -> Settings:
