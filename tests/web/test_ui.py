@@ -19,6 +19,7 @@ import soundfile
 from tests.support.fake import Services
 from tests.web.ui_browser import send
 from tts_bridge import app
+from tts_bridge.web import ui_pages
 from tts_bridge.web.server import AudioServer
 from tts_bridge.web.ui import WebUi
 from tts_bridge.web.ui_access import SUPERVISOR_ADDRESS
@@ -233,3 +234,9 @@ def test_an_open_speech_api_is_said_once_at_start(
         services(http={"ui": "on"})
     said = [r for r in caplog.records if "takes no key" in r.getMessage()]
     assert len(said) == 1
+
+
+def test_the_cache_hit_rate_reads_as_a_percentage() -> None:
+    page = ui_pages.phrases_page([], {"entries": 4, "bytes": 10, "hit_rate": 0.25}, True)
+    assert "<dt>Hit rate</dt><dd>25%</dd>" in page
+    assert "<dt>Entries</dt><dd>4</dd>" in page

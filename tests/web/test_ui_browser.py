@@ -253,7 +253,7 @@ def test_a_voice_variant_is_added_and_removed(
     wait(browser, lambda d: "Joe, unhurried" in _voices_file(bridge), "the variant changed")
     assert "1.25" in _voices_file(bridge)
     open_page(browser, bridge.url("voices"))
-    screenshot(browser, "voices")
+    screenshot(browser, "voices", phone=True)
 
     browser.find_element(By.CSS_SELECTOR, "button[aria-label='Remove joe_slow']").click()
     wait(
@@ -336,6 +336,43 @@ def _entries(browser: WebDriver) -> str:
     return str(facts[0].text) if facts else ""
 
 
+# A phone in portrait (the Home Assistant app's sidebar panel): 390 CSS pixels wide.
+PHONE = {"width": 390, "height": 844, "deviceScaleFactor": 1, "mobile": True}
+
+
+def test_on_a_phone_every_table_fits_the_screen(signed_in: WebDriver, bridge: UiBridge) -> None:
+    """No sideways scrolling to reach a row's buttons: each row is a card, each cell under its
+    column's name."""
+    browser = signed_in
+    browser.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", PHONE)
+    try:
+        for page in ("voices", "phrases", "chimes", "pronunciations", "activity"):
+            open_page(browser, bridge.url(page))
+            widths = browser.execute_script(
+                "return Array.from(document.querySelectorAll('.scroll, body'))"
+                ".map(e => [e.className || e.tagName, e.scrollWidth, e.clientWidth]);"
+            )
+            wide = [w for w in widths if w[1] > w[2] + 1]
+            assert wide == [], f"{page}: {wide} scroll sideways"
+            cells = browser.execute_script(
+                "return Array.from(document.querySelectorAll('tbody td'))"
+                ".map(td => [td.getAttribute('data-label'), "
+                "td.closest('table').querySelectorAll('thead th')[td.cellIndex].textContent]);"
+            )
+            if page in ("voices", "phrases"):
+                assert cells, f"{page} has a table with rows"
+            assert all(label == column for label, column in cells), (page, cells)
+            # Every row's buttons are on the screen, not past its right edge.
+            outside = browser.execute_script(
+                "return Array.from(document.querySelectorAll('tbody button'))"
+                ".filter(b => b.getBoundingClientRect().right > window.innerWidth).length;"
+            )
+            assert outside == 0, f"{page}: {outside} button(s) off the screen"
+    finally:
+        browser.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
+    assert console_errors(browser) == []
+
+
 def test_activity_follows_the_bridge_live(signed_in: WebDriver, bridge: UiBridge) -> None:
     browser = signed_in
     open_page(browser, bridge.url("activity"))
@@ -368,7 +405,7 @@ def test_activity_follows_the_bridge_live(signed_in: WebDriver, bridge: UiBridge
     assert "Broker" in browser.find_element(By.ID, "state").text
     assert "connected" in browser.find_element(By.ID, "state").text
     assert console_errors(browser) == []
-    screenshot(browser, "activity")
+    screenshot(browser, "activity", phone=True)
     open_page(browser, bridge.url("status"))
     screenshot(browser, "status")
 

@@ -368,8 +368,10 @@ def phrases_page(
         else "<p>No phrases yet (add one below, or configure <code>phrases</code>, "
         "<code>phrases_file</code>).</p>"
     )
+    rate = stats.get("hit_rate")
+    shown = {**stats, "hit_rate": f"{rate:.0%}" if isinstance(rate, int | float) else rate}
     facts = "".join(
-        f"<dt>{e(label)}</dt><dd>{e(stats.get(key))}</dd>"
+        f"<dt>{e(label)}</dt><dd>{e(shown.get(key))}</dd>"
         for label, key in (
             ("Entries", "entries"),
             ("Size (bytes)", "bytes"),

@@ -171,7 +171,21 @@
       row.appendChild(cell);
     });
     table.insertBefore(row, table.firstChild);
+    label(table.parentNode);
     while (table.rows.length > 50) { table.deleteRow(table.rows.length - 1); }
+  }
+
+  // On a phone each row is a card (ui.css) with every cell under its column's name: the
+  // names come from the header, so a table needs nothing more in its markup.
+  function label(table) {
+    var names = Array.prototype.map.call(table.querySelectorAll("thead th"), function (th) {
+      return th.textContent;
+    });
+    Array.prototype.forEach.call(table.querySelectorAll("tbody tr"), function (row) {
+      Array.prototype.forEach.call(row.cells, function (cell, i) {
+        if (cell.tagName === "TD" && names[i]) { cell.setAttribute("data-label", names[i]); }
+      });
+    });
   }
 
   function follow() {
@@ -185,9 +199,14 @@
     window.addEventListener("pagehide", function () { source.close(); });
   }
 
-  if (document.readyState === "loading") {
-    document.addEventListener("DOMContentLoaded", follow);
-  } else {
+  function start() {
+    Array.prototype.forEach.call(document.querySelectorAll("table"), label);
     follow();
+  }
+
+  if (document.readyState === "loading") {
+    document.addEventListener("DOMContentLoaded", start);
+  } else {
+    start();
   }
 }());
