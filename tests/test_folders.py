@@ -131,6 +131,32 @@ def test_without_a_temporary_folder_memory_is_the_last_resort(
     assert prepared.cache.dir.parent == shm
 
 
+def test_without_a_temporary_folder_libraries_get_memory_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A read-only container without a tmpfs on /tmp: Python finds no temporary folder at all,
+    and jieba (Mandarin) could not start; after prepare it keeps its dictionary cache in
+    memory like everything else."""
+    import jieba
+
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    unwritable = str(blocked(tmp_path, "tmp"))
+    monkeypatch.setattr(tempfile, "_candidate_tempdir_list", lambda: [unwritable])
+    with pytest.raises(FileNotFoundError):
+        jieba.Tokenizer().initialize()
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    monkeypatch.setattr(folders, "LAST_RESORT", shm)
+    with caplog.at_level(logging.WARNING):
+        folders.prepare(settings_with(tmp_path), Degraded())
+    (line,) = [r.getMessage() for r in caplog.records if r.name == folders.__name__]
+    assert f"temporary files go to {shm}" in line
+    assert tempfile.gettempdir() == str(shm)
+    segmenter = jieba.Tokenizer()
+    assert segmenter.lcut("晚饭准备好了") == ["晚饭", "准备", "好", "了"]
+    assert (shm / "jieba.cache").is_file()
+
+
 def test_no_temporary_folder_at_all_is_a_clear_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

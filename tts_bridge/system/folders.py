@@ -84,10 +84,32 @@ def _temporary(part: str) -> Path:
     return folder
 
 
+def _temporary_files_somewhere() -> None:
+    """Point Python's temporary folder at memory when none of the usual ones can be written (a
+    read-only container without a tmpfs on /tmp), so the libraries that keep files there work
+    as elsewhere: jieba, which segments Mandarin, cannot even start without one."""
+    try:
+        usual: Path | None = Path(tempfile.gettempdir())
+    except FileNotFoundError:  # no candidate folder is writable
+        usual = None
+    if usual is not None and write_problem(usual) is None:
+        return
+    if write_problem(LAST_RESORT) is not None:
+        return  # nothing better: the folders below then say so
+    tempfile.tempdir = str(LAST_RESORT)
+    _LOGGER.warning(
+        "No writable temporary folder (%s): temporary files go to %s, in memory; mount a "
+        "tmpfs on /tmp for a read-only container",
+        usual or "/tmp, /var/tmp and $TMPDIR are not writable",
+        LAST_RESORT,
+    )
+
+
 def prepare(settings: Settings, degraded: Degraded) -> Settings:
     """``settings`` with each unwritable cache or state folder replaced by a temporary one;
     each problem is logged once and recorded in ``degraded``. Raises FolderError when not even
     a temporary folder can be made."""
+    _temporary_files_somewhere()
     cache_dir = settings.cache.dir
     state_dir = settings.journal.path.parent
     problem = write_problem(cache_dir)
