@@ -20,7 +20,11 @@
       ["Latency", Math.round(data.latency_ms) + " ms"],
       ["Length", (data.duration_ms / 1000).toFixed(2) + " s"]
     ];
-    var list = document.getElementById("details");
+    facts(document.getElementById("details"), rows);
+  }
+
+  // A <dl> made anew from [term, value] pairs (as text: values may come from the settings).
+  function facts(list, rows) {
     if (!list) { return; }
     list.textContent = "";
     rows.forEach(function (row) {
@@ -122,8 +126,6 @@
   }
 
   function showState(state) {
-    var list = document.getElementById("state");
-    if (!list) { return; }
     var lanes = state.queue_lanes || {};
     var laneText = Object.keys(lanes).map(function (lane) {
       var ranks = lanes[lane];
@@ -145,15 +147,7 @@
       ["Resident memory", text(state.rss_mb) + " MB"],
       ["Degraded", Object.keys(degraded).map(function (k) { return k + ": " + degraded[k]; }).join("; ") || "nothing"]
     ];
-    list.textContent = "";
-    rows.forEach(function (row) {
-      var dt = document.createElement("dt");
-      var dd = document.createElement("dd");
-      dt.textContent = row[0];
-      dd.textContent = row[1];
-      list.appendChild(dt);
-      list.appendChild(dd);
-    });
+    facts(document.getElementById("state"), rows);
   }
 
   function addRequest(entry) {
