@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.support.dockerfile import instructions
 from tests.support.harness import REPO_ROOT, MqttProbe
 from tts_bridge.bench.localbroker import LocalBroker, find_mosquitto, free_port
 from tts_bridge.config import load_settings
@@ -49,20 +50,7 @@ exec "{python}" -c 'import json, os, sys; print(json.dumps({{"argv": sys.argv[1:
 
 
 def dockerfile_instructions() -> list[tuple[str, str]]:
-    """(INSTRUCTION, arguments) pairs, continuation lines joined, comments dropped."""
-    instructions: list[tuple[str, str]] = []
-    pending = ""
-    for raw in DOCKERFILE.read_text(encoding="utf-8").splitlines():
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        if line.endswith("\\"):
-            pending += line[:-1] + " "
-            continue
-        keyword, _, arguments = (pending + line).partition(" ")
-        instructions.append((keyword.upper(), arguments.strip()))
-        pending = ""
-    return instructions
+    return instructions(DOCKERFILE)
 
 
 def copy_sources() -> list[str]:

@@ -15,28 +15,12 @@ from pathlib import Path
 
 import yaml
 
+from tests.support.dockerfile import instructions
 from tests.support.harness import REPO_ROOT
 
 ADDON = REPO_ROOT / "addon" / "tts_bridge"
 DOCKERFILE = ADDON / "Dockerfile"
 SLIM = REPO_ROOT / "docker" / "slim-venv.sh"
-
-
-def instructions(path: Path) -> list[tuple[str, str]]:
-    """(INSTRUCTION, arguments) pairs, continuation lines joined, comments dropped."""
-    found: list[tuple[str, str]] = []
-    pending = ""
-    for raw in path.read_text(encoding="utf-8").splitlines():
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        if line.endswith("\\"):
-            pending += line[:-1] + " "
-            continue
-        keyword, _, arguments = (pending + line).partition(" ")
-        found.append((keyword.upper(), arguments.strip()))
-        pending = ""
-    return found
 
 
 def git_tracked(folder: Path) -> set[str]:

@@ -4,6 +4,7 @@ free loopback port) and Debian's chromium driven by selenium through /usr/bin/ch
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import json
 import os
@@ -14,7 +15,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import pytest
 from aiohttp import ClientSession, web
@@ -246,21 +247,22 @@ def screenshot(driver: WebDriver, name: str, *, phone: bool = False) -> None:
     driver.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
 
 
-class IngressProxy:
-    """What Home Assistant's Supervisor does for ingress: the page at
-    /api/hassio_ingress/<token>/..., forwarded to the bridge's / with X-Ingress-Path."""
+class _LoopbackSite:
+    """An aiohttp application (`app()`) on a free loopback port, served by a thread of its own
+    while the `with` block runs."""
 
-    def __init__(self, target_port: int, token: str = "TOKEN") -> None:
-        self.prefix = f"/api/hassio_ingress/{token}"
-        self.target = f"http://127.0.0.1:{target_port}"
+    def __init__(self) -> None:
         self.port = free_port()
-        self._loop_ready = threading.Event()
+        self._ready = threading.Event()
         self._stop: Callable[[], None] | None = None
         self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def __enter__(self) -> IngressProxy:
+    def app(self) -> web.Application:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
         self._thread.start()
-        assert self._loop_ready.wait(10)
+        assert self._ready.wait(10)
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -269,8 +271,34 @@ class IngressProxy:
         self._thread.join(10)
 
     def _run(self) -> None:
-        import asyncio
+        async def serve() -> None:
+            runner = web.AppRunner(self.app(), access_log=None)
+            await runner.setup()
+            await web.TCPSite(runner, "127.0.0.1", self.port).start()
+            stopped = asyncio.Event()
+            loop = asyncio.get_running_loop()
 
+            def stop() -> None:
+                loop.call_soon_threadsafe(stopped.set)
+
+            self._stop = stop
+            self._ready.set()
+            await stopped.wait()
+            await runner.cleanup()
+
+        asyncio.run(serve())
+
+
+class IngressProxy(_LoopbackSite):
+    """What Home Assistant's Supervisor does for ingress: the page at
+    /api/hassio_ingress/<token>/..., forwarded to the bridge's / with X-Ingress-Path."""
+
+    def __init__(self, target_port: int, token: str = "TOKEN") -> None:
+        super().__init__()
+        self.prefix = f"/api/hassio_ingress/{token}"
+        self.target = f"http://127.0.0.1:{target_port}"
+
+    def app(self) -> web.Application:
         async def forward(request: web.Request) -> web.StreamResponse:
             path = request.path.removeprefix(self.prefix) or "/"
             headers = {
@@ -300,74 +328,29 @@ class IngressProxy:
                 }
                 return web.Response(status=upstream.status, body=data, headers=kept)
 
-        async def serve() -> None:
-            proxy = web.Application()
-            proxy.router.add_route("*", self.prefix + "/{tail:.*}", forward)
-            runner = web.AppRunner(proxy, access_log=None)
-            await runner.setup()
-            await web.TCPSite(runner, "127.0.0.1", self.port).start()
-            stopped = asyncio.Event()
-            loop = asyncio.get_running_loop()
-
-            def stop() -> None:
-                loop.call_soon_threadsafe(stopped.set)
-
-            self._stop = stop
-            self._loop_ready.set()
-            await stopped.wait()
-            await runner.cleanup()
-
-        asyncio.run(serve())
+        proxy = web.Application()
+        proxy.router.add_route("*", self.prefix + "/{tail:.*}", forward)
+        return proxy
 
     def url(self, path: str = "") -> str:
         return f"http://127.0.0.1:{self.port}{self.prefix}/{path}"
 
 
-class OtherSite:
+class OtherSite(_LoopbackSite):
     """Another site (http://localhost:<port>, not the bridge's 127.0.0.1) serving one page."""
 
     def __init__(self, page: str) -> None:
+        super().__init__()
         self.page = page
-        self.port = free_port()
-        self._ready = threading.Event()
-        self._stop: Callable[[], None] | None = None
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self) -> OtherSite:
-        self._thread.start()
-        assert self._ready.wait(10)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._stop is not None:
-            self._stop()
-        self._thread.join(10)
 
     @property
     def url(self) -> str:
         return f"http://localhost:{self.port}/"
 
-    def _run(self) -> None:
-        import asyncio
-
+    def app(self) -> web.Application:
         async def page(request: web.Request) -> web.Response:
             return web.Response(text=self.page, content_type="text/html")
 
-        async def serve() -> None:
-            site_app = web.Application()
-            site_app.router.add_get("/", page)
-            runner = web.AppRunner(site_app, access_log=None)
-            await runner.setup()
-            await web.TCPSite(runner, "127.0.0.1", self.port).start()
-            stopped = asyncio.Event()
-            loop = asyncio.get_running_loop()
-
-            def stop() -> None:
-                loop.call_soon_threadsafe(stopped.set)
-
-            self._stop = stop
-            self._ready.set()
-            await stopped.wait()
-            await runner.cleanup()
-
-        asyncio.run(serve())
+        site = web.Application()
+        site.router.add_get("/", page)
+        return site

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import http.client
 import json
 import statistics
 import tempfile
@@ -25,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tts_bridge.bench.http_api import first_byte_s
 from tts_bridge.bench.localbroker import LocalBroker, free_port
 from tts_bridge.bench.util import machine_info, table
 from tts_bridge.bench.wyoming import ANNOUNCEMENTS, WARM_UP, first_and_last_s, first_chunk_s
@@ -92,27 +92,6 @@ class _MqttClient:
     def close(self) -> None:
         self._client.loop_stop()
         self._client.disconnect()
-
-
-def _http_first_byte_s(port: int, text: str) -> float:
-    """Streamed PCM from the speech API: seconds to the first byte of audio after the
-    header (the rest is read too)."""
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=TIMEOUT_S)
-    body = json.dumps(
-        {"model": "tts-1-hd", "voice": VOICE, "input": text, "response_format": "pcm"}
-    )
-    try:
-        started = time.perf_counter()
-        conn.request("POST", "/v1/audio/speech", body, {"Content-Type": "application/json"})
-        response = conn.getresponse()
-        if response.status != 200:
-            raise RuntimeError(f"HTTP {response.status}: {response.read()[:200]!r}")
-        response.read(1)
-        elapsed = time.perf_counter() - started
-        response.read()
-        return elapsed
-    finally:
-        conn.close()
 
 
 @dataclass(frozen=True)
@@ -232,7 +211,8 @@ def run_stages_bench(settings: Settings, out: Path | None) -> dict[str, Any]:
                 "wyoming": lambda text: asyncio.run(
                     first_chunk_s(bridge.wyoming_port, text, voice=VOICE, streaming=True)
                 ),
-                "http": lambda text: _http_first_byte_s(bridge.http_port, text),
+                # Streamed PCM: the first byte of audio after the header.
+                "http": lambda text: first_byte_s(bridge.http_port, text, VOICE, "pcm"),
             }
             asks["wyoming"](WARM_UP)  # the model loaded before anything is timed
             for door in DOORS:
