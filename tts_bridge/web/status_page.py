@@ -64,7 +64,8 @@ def render_section(info: Mapping[str, Any], health: Mapping[str, Any], wyoming: 
         for voice, details in voices.items()
     )
     health_rows = "".join(
-        f"<tr><th>{_e(label)}</th><td>{_e(_value(key, health.get(key)))}{_e(unit)}</td></tr>"
+        f'<tr><th scope="row">{_e(label)}</th>'
+        f"<td>{_e(_value(key, health.get(key)))}{_e(unit)}</td></tr>"
         for label, key, unit in _HEALTH_ROWS
         if key in health
     )
@@ -72,9 +73,11 @@ def render_section(info: Mapping[str, Any], health: Mapping[str, Any], wyoming: 
         f"<p>Version {_e(version)}. Default voice: <b>{_e(default_voice)}</b>. "
         f"Wyoming: {_e(wyoming)}.</p>\n"
         "<h2>Voices</h2>\n"
-        "<table><tr><th>Voice</th><th>Engine</th><th>Tier</th><th>Languages</th>"
-        f"<th>Description</th></tr>{voice_rows}</table>\n"
-        f"<h2>Health</h2>\n<table>{health_rows}</table>\n"
+        # In the web UI a .scroll table becomes one card per row on a phone.
+        '<div class="scroll"><table><thead><tr><th scope="col">Voice</th>'
+        '<th scope="col">Engine</th><th scope="col">Tier</th><th scope="col">Languages</th>'
+        f'<th scope="col">Description</th></tr></thead><tbody>{voice_rows}</tbody></table></div>\n'
+        f'<h2>Health</h2>\n<div class="scroll"><table><tbody>{health_rows}</tbody></table></div>\n'
     )
 
 
