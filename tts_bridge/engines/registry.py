@@ -257,10 +257,6 @@ class EnginePool:
                 self._settings = current
         return VoiceSet(settings, built)
 
-    def replace_voices(self, voices: Mapping[str, VoiceSettings]) -> None:
-        """`prepare_voices` then `use_voices`: all of them, or (raising) none."""
-        self.use_voices(self.prepare_voices(voices))
-
     def use_voices(self, prepared: VoiceSet) -> None:
         """Put a prepared set of voices in use at once. A request already validated keeps the
         voice it holds (and so its engine) until it is answered."""

@@ -56,13 +56,6 @@ class PendingRestores:
             self._write()
             return restore
 
-    def postpone(self, entity: str, due: float) -> None:
-        with self._lock:
-            current = self._pending.get(entity)
-            if current is not None and due > current.due:
-                self._pending[entity] = Restore(current.volume, due)
-                self._write()
-
     def done(self, entity: str, restore: Restore) -> None:
         """Forget `entity`'s restore, unless a later announcement replaced it meanwhile."""
         with self._lock:
