@@ -71,6 +71,15 @@ def players_for(
     return service
 
 
+def assert_forgotten(service: Players) -> None:
+    """The restore is forgotten once Home Assistant has answered it, which is just after the
+    stub saw the call (and a test saw the volume back)."""
+    deadline = time.monotonic() + WAIT_S
+    while service.pending_restores and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert service.pending_restores == {}
+
+
 def test_plays_with_announce_sets_the_volume_and_puts_it_back(
     stub: HomeAssistantStub, tmp_path: Path
 ) -> None:
@@ -94,12 +103,7 @@ def test_plays_with_announce_sets_the_volume_and_puts_it_back(
             assert calls[0].at <= play.at <= calls[1].at
             assert calls[1].at - play.at >= 0.3 + 0.2 - 0.05
         assert stub.players[KITCHEN].volume_level == 0.3
-        # The restore is forgotten once Home Assistant has answered it (just after the stub
-        # saw the call).
-        deadline = time.monotonic() + WAIT_S
-        while service.pending_restores and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert service.pending_restores == {}
+        assert_forgotten(service)
         assert json.loads((tmp_path / "volumes.json").read_text()) == {}
     finally:
         service.stop()
@@ -289,7 +293,7 @@ def test_a_restore_waits_for_the_player_to_be_back_after_home_assistant_restarts
             while kitchen.volume_level != 0.3 and time.monotonic() < deadline:
                 time.sleep(0.05)
             assert kitchen.volume_level == 0.3, restarted.calls
-            assert service.pending_restores == {}
+            assert_forgotten(service)
         finally:
             service.stop()
             restarted.stop()
